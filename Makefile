@@ -1,0 +1,38 @@
+# The README's commands. Everything runs inside .venv (created on demand).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= test,hf,metrics
+STAMP := $(VENV)/.installed-$(shell cat setup.py | cksum | cut -d' ' -f1)
+
+export JAX_PLATFORMS ?= cpu
+
+.PHONY: install test demo bench lint format clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	$(PY) -m spec_decode.demo
+
+bench: install
+	$(PY) -m spec_decode.main bench --out bench.json
+
+lint: install
+	$(VENV)/bin/ruff check spec_decode tests
+	$(VENV)/bin/ruff format --check spec_decode tests
+
+format: install
+	$(VENV)/bin/ruff format spec_decode tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

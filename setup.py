@@ -1,0 +1,47 @@
+"""spec_decode: exact speculative decoding for T5 encoder-decoders in JAX."""
+
+import setuptools
+
+_CORE = [
+    'jax==0.10.2',
+    'jaxlib==0.10.2',
+    'flax==0.12.8',
+    'optax==0.2.8',
+    'orbax-checkpoint==0.12.8',
+    'gin-config==0.5.0',
+    'numpy>=1.26',
+    'sentencepiece>=0.2',
+    'safetensors>=0.4',
+    'tqdm>=4.66',
+    'matplotlib>=3.8',
+]
+
+_EXTRAS = {
+    'test': [
+        'pytest>=8',
+        'scipy>=1.11',
+        'ruff>=0.6',
+        'nbclient>=0.10',
+        'nbformat>=5.10',
+        'ipykernel>=6',
+    ],
+    # The CPU wheel of torch 2.13.0 lies on the build machines' disk.
+    'hf': ['torch==2.13.0', 'transformers>=5,<6'],
+    'metrics': ['sacrebleu>=2.4', 'rouge-score>=0.1.2'],
+    'seqio': ['seqio>=0.0.19', 'tensorflow>=2.16', 'tensorflow-text>=2.16'],
+}
+_EXTRAS['all'] = sorted({d for deps in _EXTRAS.values() for d in deps})
+
+setuptools.setup(
+    name='spec_decode',
+    version='0.1.0',
+    description=(
+        'Speculative decoding (Leviathan et al., 2023) for T5 encoder-decoders'
+        ' in JAX/Flax, mirroring T5X.'
+    ),
+    python_requires='>=3.10',
+    packages=setuptools.find_packages(include=['spec_decode', 'spec_decode.*']),
+    install_requires=_CORE,
+    extras_require=_EXTRAS,
+    entry_points={'console_scripts': ['spec-decode=spec_decode.main:run']},
+)

@@ -1,0 +1,67 @@
+"""Functional key/value cache with a per-row write index.
+
+Rows of a speculative batch accept different numbers of tokens, so every row
+has its own index. Writes overwrite (T5X adds a one-hot slice instead, which
+would corrupt a slot written again after a rollback). Rolling back a row is
+setting its index: slots at or past it are invisible to attention, because
+attention masks by position, and are overwritten by later writes.
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+@flax.struct.dataclass(kw_only=True)
+class KVCache:
+  """Self-attention keys and values of every decoder layer.
+
+  Attributes:
+    keys: per layer, `[B, L, H, Dh]`; slot `t` of row `b` holds the key of
+      decoder input position `t`, valid for `t < index[b]`.
+    values: per layer, `[B, L, H, Dh]`, like `keys`.
+    index: `[B] int32`, number of valid slots per row (the next write slot).
+  """
+
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  index: jax.Array
+
+  @classmethod
+  def zeros(cls, num_layers: int, batch: int, length: int, num_heads: int,
+            head_dim: int, dtype) -> 'KVCache':
+    shape = (batch, length, num_heads, head_dim)
+    return cls(
+        keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+        values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+        index=jnp.zeros((batch,), jnp.int32),
+    )
+
+  @property
+  def length(self) -> int:
+    return self.keys[0].shape[1]
+
+  def rollback(self, index: jax.Array) -> 'KVCache':
+    """Keeps the first `index[b]` slots of row `b` valid; `index`: `[B]`."""
+    return self.replace(index=jnp.asarray(index, jnp.int32))
+
+
+def write(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """Overwrites `new [B, T, ...]` into `buffer [B, L, ...]` at row offsets.
+
+  The caller guarantees `index[b] + T <= L` (dynamic_update_slice would
+  otherwise clamp the offset and shift the write).
+  """
+  return jax.vmap(lambda b, n, i: lax.dynamic_update_slice_in_dim(
+      b, n.astype(b.dtype), i, axis=0))(buffer, new, index)
+
+
+def query_positions(index: jax.Array, num_new: int) -> jax.Array:
+  """Positions `[B, T]` of `T` new tokens written at `index [B]`."""
+  return index[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
+
+
+def causal_mask(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+  """`[B, 1, T, L]` bool: key position `<=` query position, per row."""
+  return (k_pos[:, None, None, :] <= q_pos[:, None, :, None])

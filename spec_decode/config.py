@@ -1,0 +1,86 @@
+"""T5 hyperparameters, with the field names of T5X's `examples/t5` T5Config."""
+
+import dataclasses
+import json
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+
+PAD_ID = 0  # Also the decoder start token, as in T5.
+EOS_ID = 1
+UNK_ID = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Hyperparameters of a T5 encoder-decoder.
+
+  The first twelve fields mean what they mean in T5X's `T5Config`. T5 v1.1 is
+  `mlp_activations=('gelu', 'linear')`, `logits_via_embedding=False`; original
+  T5 is `('relu',)` with `logits_via_embedding=True` (tied embeddings, logits
+  scaled by `emb_dim ** -0.5`).
+
+  The config is frozen and hashable: it is static data under `jax.jit`.
+  """
+
+  vocab_size: int
+  dtype: Any = jnp.float32  # Activation dtype; logits are always float32.
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ('relu',)
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+  float32_attention_logits: bool = False
+  # Fields T5X hard-codes in its layers; Hugging Face configs set them.
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+  param_dtype: Any = jnp.float32  # Storage dtype of the weights.
+
+  def __post_init__(self):
+    object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))
+    object.__setattr__(self, 'param_dtype', jnp.dtype(self.param_dtype))
+    object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
+    for name in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
+                 'num_encoder_layers', 'num_decoder_layers'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f'T5Config.{name} must be a positive int, got '
+                         f'{value!r}')
+    for act in self.mlp_activations:
+      if act not in _KNOWN_ACTIVATIONS:
+        raise ValueError(f'T5Config.mlp_activations: unknown activation '
+                         f'{act!r}; known: {sorted(_KNOWN_ACTIVATIONS)}')
+
+  def replace(self, **changes) -> 'T5Config':
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d['dtype'] = jnp.dtype(self.dtype).name
+    d['param_dtype'] = jnp.dtype(self.param_dtype).name
+    d['mlp_activations'] = list(self.mlp_activations)
+    return d
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> 'T5Config':
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+      raise ValueError(f'T5Config: unknown fields {sorted(unknown)}')
+    return cls(**d)
+
+  @classmethod
+  def from_json(cls, text: str) -> 'T5Config':
+    return cls.from_dict(json.loads(text))
+
+
+_KNOWN_ACTIVATIONS = frozenset(
+    {'relu', 'gelu', 'gelu_exact', 'silu', 'swish', 'linear'})

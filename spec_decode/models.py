@@ -1,0 +1,151 @@
+"""`Model`: a T5 network with its weights, behind the language-model protocol.
+
+A `Model` is a pytree: the parameter tree is its leaves; the config and the
+vocabulary are static aux data. Decoding loops take it as a jit argument.
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import cache as cache_lib
+from spec_decode import network
+from spec_decode.config import PAD_ID, T5Config
+
+
+@flax.struct.dataclass(kw_only=True)
+class T5DecodeState:
+  """Decoding state of one batch.
+
+  Attributes:
+    cross: encoder keys/values per decoder layer, `[B, S, H, Dh]`, and the
+      encoder padding mask `[B, S]`.
+    cache: self-attention keys/values per layer `[B, L, H, Dh]` and the
+      per-row index `[B] int32`.
+  """
+
+  cross: network.CrossAttentionKV
+  cache: cache_lib.KVCache
+
+
+@jax.tree_util.register_pytree_node_class
+class Model:
+  """T5 encoder-decoder weights plus config (and optional vocabulary)."""
+
+  def __init__(self, config: T5Config, params: Any, vocabulary: Any = None):
+    self.config = config
+    self.params = params
+    self.vocabulary = vocabulary
+
+  # -- pytree ---------------------------------------------------------------
+  def tree_flatten(self):
+    return (self.params,), (self.config, self.vocabulary)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(aux[0], children[0], aux[1])
+
+  def __repr__(self) -> str:
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
+    return f'Model({self.config}, {n:,} parameters)'
+
+  # -- construction ---------------------------------------------------------
+  @property
+  def module(self) -> network.Transformer:
+    return network.Transformer(self.config)
+
+  @classmethod
+  def init(cls, config: T5Config, seed: int = 0,
+           vocabulary: Any = None) -> 'Model':
+    """Random weights with T5X's initializers."""
+    params = _init_params(config, jax.random.key(seed))
+    return cls(config, params, vocabulary)
+
+  def param_axes(self) -> Any:
+    """Logical axis names per parameter, as a tree of `PartitionSpec`s."""
+    return logical_axes(self.config)
+
+  def with_params(self, params: Any) -> 'Model':
+    return Model(self.config, params, self.vocabulary)
+
+  # -- scoring --------------------------------------------------------------
+  def logits(self, encoder_tokens, decoder_input_tokens) -> jax.Array:
+    """Teacher-forced float32 logits `[B, T, V]`."""
+    return _logits_jit(self, jnp.asarray(encoder_tokens, jnp.int32),
+                       jnp.asarray(decoder_input_tokens, jnp.int32))
+
+  def log_probs(self, encoder_tokens, decoder_tokens) -> jax.Array:
+    """`log p(x_t | x_<t, input)` at temperature 1, `[B, T]`.
+
+    `decoder_tokens [B, T]` are targets; the start id 0 is prepended
+    internally. Every position is scored, including padding after EOS:
+    callers mask what they do not want.
+    """
+    return _log_probs_jit(self, jnp.asarray(encoder_tokens, jnp.int32),
+                          jnp.asarray(decoder_tokens, jnp.int32))
+
+  # -- language-model protocol ------------------------------------------------
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def init_state(self, encoder_tokens: jax.Array,
+                 length: int) -> T5DecodeState:
+    cfg = self.config
+    cross = self.module.apply({'params': self.params}, encoder_tokens,
+                              method=network.Transformer.prepare_decoder)
+    cache = cache_lib.KVCache.zeros(cfg.num_decoder_layers,
+                                    encoder_tokens.shape[0], length,
+                                    cfg.num_heads, cfg.head_dim, cfg.dtype)
+    return T5DecodeState(cross=cross, cache=cache)
+
+  def score(self, state: T5DecodeState, tokens: jax.Array):
+    logits, cache = self.module.apply(
+        {'params': self.params}, tokens, state.cross, state.cache,
+        method=network.Transformer.decode)
+    return logits, state.replace(cache=cache)
+
+  def rollback(self, state: T5DecodeState, index: jax.Array) -> T5DecodeState:
+    return state.replace(cache=state.cache.rollback(index))
+
+
+def _dummy_inputs():
+  return jnp.ones((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+
+
+def _init_params(config: T5Config, key: jax.Array) -> Any:
+  module = network.Transformer(config)
+  variables = jax.jit(module.init)(key, *_dummy_inputs())
+  return nn.meta.unbox(variables['params'])
+
+
+@functools.lru_cache(maxsize=32)
+def logical_axes(config: T5Config) -> Any:
+  """Tree of logical `PartitionSpec`s matching the parameter tree."""
+  module = network.Transformer(config)
+  boxed = jax.eval_shape(module.init, jax.random.key(0), *_dummy_inputs())
+  return nn.get_partition_spec(boxed)['params']
+
+
+def shift_right(tokens: jax.Array) -> jax.Array:
+  """Decoder inputs from targets: start id 0, then the targets minus one."""
+  start = jnp.full(tokens.shape[:-1] + (1,), PAD_ID, tokens.dtype)
+  return jnp.concatenate([start, tokens[..., :-1]], axis=-1)
+
+
+@jax.jit
+def _logits_jit(model: Model, encoder_tokens, decoder_input_tokens):
+  return model.module.apply({'params': model.params}, encoder_tokens,
+                            decoder_input_tokens)
+
+
+@jax.jit
+def _log_probs_jit(model: Model, encoder_tokens, decoder_tokens):
+  logits = _logits_jit(model, encoder_tokens, shift_right(decoder_tokens))
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return jnp.take_along_axis(logp, decoder_tokens[..., None], axis=-1)[..., 0]

@@ -1,0 +1,81 @@
+"""Standardized sampling (paper section 2.2): logits -> probability vector.
+
+Argmax, temperature, top-k and top-p are each a map from logits to a
+distribution. Draft and target use the same map, and the `q` that enters the
+acceptance test is exactly the distribution the draft token was drawn from,
+which is what keeps speculative sampling exact for every setting.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+  """Logits -> probabilities, applied as temperature, then top-k, then top-p.
+
+  Attributes:
+    temperature: 0 means argmax (one-hot on the first maximal id).
+    top_k: keep the k most probable ids (ties go to the lower id); 0 = all.
+    top_p: keep the smallest set of most probable ids whose total probability
+      is at least `top_p` (ties to the lower id); 1.0 = all.
+  """
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    validate(self.temperature, self.top_k, self.top_p)
+
+  @property
+  def is_greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  def probs(self, logits: jax.Array) -> jax.Array:
+    """`logits [..., V]` -> float32 probabilities `[..., V]` summing to 1."""
+    logits = logits.astype(jnp.float32)
+    if self.is_greedy:
+      return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
+                            dtype=jnp.float32)
+    scaled = logits / self.temperature
+    if self.top_k == 0 and self.top_p >= 1.0:
+      return jax.nn.softmax(scaled, axis=-1)
+    return _truncated_probs(scaled, self.top_k, self.top_p)
+
+
+def _truncated_probs(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Top-k then top-p in sorted order; stable sort sends ties to lower ids."""
+  vocab = scaled.shape[-1]
+  order = jnp.argsort(-scaled, axis=-1, stable=True)
+  sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+  rank = jnp.arange(vocab)
+  keep = jnp.ones(sorted_logits.shape, bool)
+  if 0 < top_k < vocab:
+    keep = rank < top_k
+    sorted_logits = jnp.where(keep, sorted_logits, -jnp.inf)
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  if top_p < 1.0:
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = keep & (mass_before < top_p)
+    probs = jnp.where(keep, probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+  inverse = jnp.argsort(order, axis=-1)
+  return jnp.take_along_axis(probs, inverse, axis=-1)
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one id from `probs [..., V]` (exact, zero-probability ids never)."""
+  return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def validate(temperature, top_k, top_p) -> None:
+  """Raises ValueError naming the bad argument."""
+  if not isinstance(temperature, (int, float)) or temperature < 0:
+    raise ValueError(f'temperature must be a number >= 0, got {temperature!r}')
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    raise ValueError(f'top_k must be an int >= 0, got {top_k!r}')
+  if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+    raise ValueError(f'top_p must be in (0, 1], got {top_p!r}')

@@ -1,0 +1,125 @@
+"""Algorithm 1 of Leviathan et al. (2023) as pure functions on distributions.
+
+Shapes: `B` rows, `G` = gamma drafted tokens, `V` vocabulary.
+  p: `[B, G + 1, V]` target distributions at the G+1 prefixes.
+  q: `[B, G, V]` draft distributions the draft tokens were drawn from.
+Everything is per row: rows accept different numbers of tokens.
+"""
+
+import dataclasses
+from typing import Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_decode import sampling
+
+# Below this total mass a residual is numerically empty; rejection then had
+# probability ~0, and the guarded fallback is the target distribution itself.
+_RESIDUAL_FLOOR = 1e-12
+
+
+@flax.struct.dataclass(kw_only=True)
+class VerifyResult:
+  """Outcome of one verification.
+
+  Attributes:
+    accepted: `[B] int32` in [0, G], number of draft tokens kept.
+    next_token: `[B] int32`, the residual sample (accepted < G) or the bonus
+      sample from `p[:, G]` (accepted == G).
+    beta: `[B, G] float32`, acceptance probability sum_x min(p, q) per
+      drafted position (paper section 3.1).
+  """
+
+  accepted: jax.Array
+  next_token: jax.Array
+  beta: jax.Array
+
+
+def beta(p: jax.Array, q: jax.Array) -> jax.Array:
+  """sum_x min(p(x), q(x)) over the last axis."""
+  return jnp.sum(jnp.minimum(p, q), axis=-1)
+
+
+def accepted_count(p_of_x: jax.Array, q_of_x: jax.Array, uniforms: jax.Array,
+                   lenience: float = 1.0) -> jax.Array:
+  """Number of leading draft tokens kept, `[B]`.
+
+  Token i is kept when `r_i * l * q(x_i) <= p(x_i)` (r_i ~ U[0, 1)), i.e. the
+  paper's "reject if r > p/q" without a division; the count stops at the
+  first rejection.
+
+  Args:
+    p_of_x: `[B, G]` target probability of each draft token.
+    q_of_x: `[B, G]` draft probability of each draft token (> 0).
+    uniforms: `[B, G]` in [0, 1).
+    lenience: l in (0, 1]; 1 is exact.
+  """
+  ok = uniforms * (lenience * q_of_x) <= p_of_x
+  return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
+
+
+def next_distribution(p: jax.Array, q: jax.Array, accepted: jax.Array,
+                      lenience: float = 1.0) -> jax.Array:
+  """Distribution of the token after the accepted ones, `[B, V]`.
+
+  `norm(max(0, p - l*q))` at the first rejected position, or `p` at position
+  G (the bonus token) when everything was accepted. A residual with no mass
+  (p == q up to rounding, where rejection has probability ~0) falls back to p.
+  """
+  g = q.shape[1]
+  rows = jnp.arange(p.shape[0])
+  p_next = p[rows, accepted]
+  q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  residual = jnp.maximum(p_next - lenience * q_pad[rows, accepted], 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  residual = jnp.where(mass > _RESIDUAL_FLOOR,
+                       residual / jnp.maximum(mass, _RESIDUAL_FLOOR), p_next)
+  return jnp.where((accepted == g)[:, None], p_next, residual)
+
+
+class Verifier(Protocol):
+  """Maps (p, q, draft tokens, randomness) to a `VerifyResult`."""
+
+  def __call__(self, p: jax.Array, q: jax.Array, draft_tokens: jax.Array,
+               uniforms: jax.Array, bonus_keys: jax.Array,
+               residual_keys: jax.Array) -> VerifyResult:
+    ...
+
+
+def _gather_token_probs(dist: jax.Array, tokens: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(dist, tokens[..., None], axis=-1)[..., 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactVerifier:
+  """Algorithm 1 (with optional lenience, appendix A.5; l = 1 is exact).
+
+  Lenience compares `l * q(x)` with `p(x)`; it is the sampling form of the
+  appendix (the argmax form needs raw target probabilities, not one-hots).
+
+  Randomness: `uniforms [B, G]` for the accept tests; `bonus_keys` and
+  `residual_keys` `[B, G + 1]` are per-position keys, of which the one at
+  position `accepted` draws the next token (bonus key when everything was
+  accepted, residual key otherwise).
+  """
+
+  lenience: float = 1.0
+
+  def __post_init__(self):
+    if not 0.0 < self.lenience <= 1.0:
+      raise ValueError(f'lenience must be in (0, 1], got {self.lenience!r}')
+
+  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys):
+    g = q.shape[1]
+    p_x = _gather_token_probs(p[:, :g], draft_tokens)
+    q_x = _gather_token_probs(q, draft_tokens)
+    accepted = accepted_count(p_x, q_x, uniforms, self.lenience)
+    dist = next_distribution(p, q, accepted, self.lenience)
+    rows = jnp.arange(p.shape[0])
+    bonus = jax.vmap(sampling.sample)(bonus_keys[rows, accepted], dist)
+    residual = jax.vmap(sampling.sample)(residual_keys[rows, accepted], dist)
+    next_token = jnp.where(accepted == g, bonus, residual)
+    return VerifyResult(accepted=accepted, next_token=next_token,
+                        beta=beta(p[:, :g], q))
