@@ -66,6 +66,23 @@ class Model:
     params = _init_params(config, jax.random.key(seed))
     return cls(config, params, vocabulary)
 
+  @classmethod
+  def load(cls, path: str, **kwargs) -> 'Model':
+    """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint."""
+    from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+    return checkpoints.load(path, **kwargs)
+
+  def save(self, path: str) -> None:
+    """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
+    from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+    checkpoints.save(self, path)
+
+  @classmethod
+  def from_gin(cls, gin_file: str, seed: int = 0, **kwargs) -> 'Model':
+    """Random weights for the T5Config a gin model file describes."""
+    from spec_decode import gin_models  # pylint: disable=g-import-not-at-top
+    return cls.init(gin_models.config_from_gin(gin_file, **kwargs), seed=seed)
+
   def param_axes(self) -> Any:
     """Logical axis names per parameter, as a tree of `PartitionSpec`s."""
     return logical_axes(self.config)
