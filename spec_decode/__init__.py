@@ -1,6 +1,24 @@
 """spec_decode: exact speculative decoding for T5 encoder-decoders in JAX."""
 
 from spec_decode.config import EOS_ID, PAD_ID, T5Config
+from spec_decode.decoding import DecodeSettings
+from spec_decode.generation import GenerateOutput, SpecStats, generate
 from spec_decode.models import Model
+from spec_decode.sampling import Sampler
+from spec_decode.speculative import ExactVerifier, VerifyResult
+from spec_decode.table_lm import TableLM
 
-__all__ = ['EOS_ID', 'PAD_ID', 'Model', 'T5Config']
+__all__ = [
+    'DecodeSettings',
+    'EOS_ID',
+    'ExactVerifier',
+    'GenerateOutput',
+    'Model',
+    'PAD_ID',
+    'Sampler',
+    'SpecStats',
+    'T5Config',
+    'TableLM',
+    'VerifyResult',
+    'generate',
+]

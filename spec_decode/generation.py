@@ -1,0 +1,182 @@
+"""`generate`: the public entry point for plain and speculative decoding."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import decoding
+from spec_decode import sampling
+from spec_decode import speculative
+from spec_decode.config import EOS_ID
+from spec_decode.protocol import LanguageModel
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStats:
+  """Statistics of a speculative decode (numpy, on the host).
+
+  Aggregated over rows:
+    target_calls: target calls (loop iterations of the batch).
+    draft_calls: draft forward calls (gamma per iteration).
+    accepted_histogram: `[G + 1]` iterations (summed over rows) that
+      accepted 0..G draft tokens.
+    per_position_acceptance: `[G]` P(draft token i accepted | tokens before
+      it accepted), over iterations where it was tested.
+    alpha: mean beta = sum_x min(p, q) over drafted positions whose prefix
+      was accepted (the paper's alpha estimate, section 3.1).
+    tokens_per_call: output tokens per target call, mean over rows.
+  Per row (`[B, ...]`): `row_iterations`, `row_accepted_histogram`,
+  `row_alpha`, `row_tokens_per_call`.
+  """
+
+  target_calls: int
+  draft_calls: int
+  accepted_histogram: np.ndarray
+  per_position_acceptance: np.ndarray
+  alpha: float
+  tokens_per_call: float
+  row_iterations: np.ndarray
+  row_accepted_histogram: np.ndarray
+  row_alpha: np.ndarray
+  row_tokens_per_call: np.ndarray
+
+  @property
+  def gamma(self) -> int:
+    return len(self.per_position_acceptance)
+
+  @classmethod
+  def from_counters(cls, counters: decoding.SpecCounters,
+                    lengths: np.ndarray) -> 'SpecStats':
+    c = jax.tree.map(np.asarray, counters)
+    gamma = c.position_tries.shape[1]
+    tries = c.position_tries.sum(0)
+    tested = c.position_tries.sum(1)
+    iters = c.iterations
+    return cls(
+        target_calls=int(iters.max(initial=0)),
+        draft_calls=int(iters.max(initial=0)) * gamma,
+        accepted_histogram=c.accepted_histogram.sum(0),
+        per_position_acceptance=c.position_accepts.sum(0) / np.maximum(tries,
+                                                                       1),
+        alpha=float(c.beta_sum.sum() / max(tested.sum(), 1)),
+        tokens_per_call=float(lengths.sum() / max(iters.sum(), 1)),
+        row_iterations=iters,
+        row_accepted_histogram=c.accepted_histogram,
+        row_alpha=c.beta_sum / np.maximum(tested, 1),
+        row_tokens_per_call=lengths / np.maximum(iters, 1),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+  """Result of `generate`.
+
+  Attributes:
+    tokens: `[B, max_decode_len] int32`; pad (0) after EOS.
+    lengths: `[B] int32`, tokens up to and including EOS.
+    stats: `SpecStats` for speculative decoding, None for plain decoding.
+  """
+
+  tokens: np.ndarray
+  lengths: np.ndarray
+  stats: SpecStats | None
+
+
+def row_keys(seed: Any, batch: int) -> jax.Array:
+  """One key per row: `key(seed[r])` for an array, else fold_in(key(seed), r).
+
+  Created outside jit and passed in, as the design requires.
+  """
+  if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    base = jax.random.key(int(seed))
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(
+        jnp.arange(batch, dtype=jnp.uint32))
+  seeds = np.asarray(seed)
+  if seeds.shape != (batch,) or not np.issubdtype(seeds.dtype, np.integer):
+    raise ValueError(f'seed must be an int or an int array of shape '
+                     f'[{batch}], got {seed!r}')
+  return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def _check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:
+  tokens = np.asarray(encoder_tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f'encoder_tokens must be 2-D [batch, length], got shape '
+                     f'{tokens.shape}')
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(f'encoder_tokens must be integers, got {tokens.dtype}')
+  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    raise ValueError(f'encoder_tokens ids must be in [0, {vocab_size}), got '
+                     f'[{tokens.min()}, {tokens.max()}]')
+  if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+    raise ValueError(f'encoder_tokens must be non-empty, got {tokens.shape}')
+  return tokens.astype(np.int32)
+
+
+def check_pair(target: LanguageModel, draft: LanguageModel) -> None:
+  """Raises ValueError unless draft and target share a vocabulary."""
+  if draft.vocab_size != target.vocab_size:
+    raise ValueError(f'draft and target vocabularies differ: draft has '
+                     f'{draft.vocab_size} ids, target {target.vocab_size}')
+  tv = getattr(target, 'vocabulary', None)
+  dv = getattr(draft, 'vocabulary', None)
+  if tv is not None and dv is not None and tv != dv:
+    raise ValueError('draft and target vocabularies differ (same size, '
+                     'different sentencepiece models)')
+
+
+def generate(model: LanguageModel, encoder_tokens: Any,
+             draft: LanguageModel | None = None, gamma: int = 4,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             max_decode_len: int = 64, seed: Any = 0,
+             eos_id: int = EOS_ID,
+             verifier: speculative.Verifier | None = None) -> GenerateOutput:
+  """Decodes `encoder_tokens [B, S]` (int, padded with 0).
+
+  Args:
+    model: the target.
+    encoder_tokens: `[B, S]` ints in [0, V), 0 = padding.
+    draft: None for plain decoding; else any language model (or drafter)
+      with the target's vocabulary.
+    gamma: draft tokens per iteration (>= 1).
+    temperature: 0 is argmax.
+    top_k: 0 keeps all ids.
+    top_p: 1.0 keeps all ids.
+    max_decode_len: output tokens per row at most.
+    seed: int (row r uses fold_in(key(seed), r)) or int array `[B]`.
+    eos_id: end-of-sequence id.
+    verifier: Algorithm 1 variant; default `ExactVerifier()`.
+
+  Returns:
+    `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
+  """
+  sampler = sampling.Sampler(float(temperature) if isinstance(
+      temperature, (int, float)) else temperature, top_k, top_p)
+  if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or (
+      gamma < 1):
+    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}')
+  if isinstance(max_decode_len, bool) or not isinstance(
+      max_decode_len, (int, np.integer)) or max_decode_len < 1:
+    raise ValueError(f'max_decode_len must be an int >= 1, got '
+                     f'{max_decode_len!r}')
+  tokens = _check_tokens(encoder_tokens, model.vocab_size)
+  if draft is not None:
+    check_pair(model, draft)
+  keys = row_keys(seed, tokens.shape[0])
+  settings = decoding.DecodeSettings(
+      max_decode_len=int(max_decode_len), sampler=sampler,
+      gamma=int(gamma) if draft is not None else 1,
+      verifier=verifier or speculative.ExactVerifier(), eos_id=eos_id)
+  enc = jnp.asarray(tokens)
+  if draft is None:
+    out, lengths = decoding.plain_decode_jit(model, enc, keys,
+                                             settings=settings)
+    return GenerateOutput(np.asarray(out), np.asarray(lengths), None)
+  out, lengths, counters = decoding.speculative_decode_jit(
+      model, draft, enc, keys, settings=settings)
+  lengths = np.asarray(lengths)
+  return GenerateOutput(np.asarray(out), lengths,
+                        SpecStats.from_counters(counters, lengths))
