@@ -46,9 +46,10 @@ def accepted_count(p_of_x: jax.Array, q_of_x: jax.Array, uniforms: jax.Array,
                    lenience: float = 1.0) -> jax.Array:
   """Number of leading draft tokens kept, `[B]`.
 
-  Token i is kept when `r_i * l * q(x_i) <= p(x_i)` (r_i ~ U[0, 1)), i.e. the
-  paper's "reject if r > p/q" without a division; the count stops at the
-  first rejection.
+  Token i is kept when `r_i * l * q(x_i) < p(x_i)` (r_i ~ U[0, 1)): the
+  paper's "reject if r > p/q" without a division. The strict inequality
+  matters: r = 0 can happen, and must not accept a token with p(x) = 0. The
+  count stops at the first rejection.
 
   Args:
     p_of_x: `[B, G]` target probability of each draft token.
@@ -56,7 +57,7 @@ def accepted_count(p_of_x: jax.Array, q_of_x: jax.Array, uniforms: jax.Array,
     uniforms: `[B, G]` in [0, 1).
     lenience: l in (0, 1]; 1 is exact.
   """
-  ok = uniforms * (lenience * q_of_x) <= p_of_x
+  ok = uniforms * (lenience * q_of_x) < p_of_x
   return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
 
 
