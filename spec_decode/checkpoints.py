@@ -1,0 +1,240 @@
+"""Loading and saving models: our orbax directories, Hugging Face, T5X.
+
+`load` detects the format of a directory:
+  * ours (written by `save`): `params/` (an orbax checkpoint of the parameter
+    tree), `config.json` (`T5Config.to_json`) and, when the model has one,
+    `spiece.model` plus `vocabulary.json` (`{"extra_ids": 100}`);
+  * a Hugging Face T5 directory (`config.json` + safetensors or torch
+    weights; see `hf_checkpoint`);
+  * a T5X checkpoint directory (`checkpoint` msgpack + zarr arrays; see
+    `t5x_checkpoint`), or a T5X model directory holding `checkpoint_<step>`
+    subdirectories (the latest step is loaded).
+
+Every format is read one tensor at a time, cast straight to the requested
+dtype, after the names and shapes were checked against the config.
+"""
+
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from spec_decode import checkpoint_io, hf_checkpoint, t5x_checkpoint
+from spec_decode import vocab as vocab_lib
+from spec_decode.checkpoint_io import CheckpointError
+from spec_decode.config import T5Config
+
+PARAMS_DIR = 'params'
+CONFIG_FILE = 'config.json'
+VOCAB_FILE = 'spiece.model'
+VOCAB_INFO_FILE = 'vocabulary.json'
+
+ORBAX = 'orbax'
+HUGGING_FACE = 'huggingface'
+T5X = 't5x'
+
+__all__ = ['CheckpointError', 'detect_format', 'load', 'save']
+
+
+def detect_format(path: str) -> tuple[str, str]:
+  """Returns `(format, directory)` for a checkpoint path.
+
+  Raises:
+    FileNotFoundError: `path` does not exist.
+    CheckpointError: `path` is no checkpoint this module knows.
+  """
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'checkpoint not found: {path}')
+  if os.path.isfile(path):
+    if os.path.basename(path) == t5x_checkpoint.CHECKPOINT_FILE:
+      return T5X, os.path.dirname(os.path.abspath(path))
+    raise CheckpointError(
+      f'{path} is a file; pass the checkpoint directory (ours, Hugging Face '
+      'or T5X) instead'
+    )
+  if os.path.isdir(os.path.join(path, PARAMS_DIR)) and os.path.isfile(
+    os.path.join(path, CONFIG_FILE)
+  ):
+    return ORBAX, path
+  if hf_checkpoint.is_hf_dir(path):
+    return HUGGING_FACE, path
+  if t5x_checkpoint.is_t5x_dir(path):
+    return T5X, path
+  latest = t5x_checkpoint.latest_checkpoint_dir(path)
+  if latest:
+    return T5X, latest
+  listing = sorted(os.listdir(path))[:10]
+  raise CheckpointError(
+    f'{path}: unknown checkpoint format (found {listing}); expected ours '
+    f'({PARAMS_DIR}/ + {CONFIG_FILE}), Hugging Face ({CONFIG_FILE} + '
+    f'{hf_checkpoint.SAFETENSORS_FILE} or an index) or T5X '
+    f'({t5x_checkpoint.CHECKPOINT_FILE} msgpack + zarr arrays)'
+  )
+
+
+def load(
+  path: str,
+  config: T5Config | None = None,
+  dtype: Any = None,
+  gin_file: str | None = None,
+  vocabulary: vocab_lib.Vocabulary | None = None,
+  progress: bool = False,
+):
+  """Loads a `Model` from any supported checkpoint directory.
+
+  Args:
+    path: our directory, a Hugging Face T5 directory, or a T5X checkpoint
+      (or model) directory.
+    config: hyperparameters; required for T5X unless `gin_file` is given.
+      For our and Hugging Face directories it replaces the stored config (the
+      shapes must still agree).
+    dtype: parameter storage dtype (e.g. `'bfloat16'`); default the config's
+      `param_dtype` (float32). Activations follow `config.dtype`.
+    gin_file: a gin model file (e.g. `models/t5_1_1/xxl.gin`) giving the
+      hyperparameters, instead of `config`.
+    vocabulary: overrides (or supplies, for T5X) the vocabulary.
+    progress: show a tqdm progress bar over tensors.
+
+  Returns:
+    A `Model`.
+
+  Raises:
+    FileNotFoundError: `path` or a file it needs does not exist.
+    CheckpointError: unknown format, corrupt file, or weights disagreeing
+      with the config.
+  """
+  from spec_decode import models  # pylint: disable=g-import-not-at-top
+
+  if config is not None and gin_file is not None:
+    raise ValueError('pass config or gin_file, not both')
+  if gin_file is not None:
+    from spec_decode import gin_models  # pylint: disable=g-import-not-at-top
+
+    config = gin_models.config_from_gin(gin_file)
+  fmt, directory = detect_format(path)
+  wrap = _progress_bar(directory) if progress else None
+  if fmt == ORBAX:
+    stored, vocab = _read_ours(directory)
+    config = _with_dtype(config or stored, dtype)
+    params = _restore_orbax(directory, config)
+  elif fmt == HUGGING_FACE:
+    stored, scaled = hf_checkpoint.load_hf_config(directory)
+    config = _with_dtype(config or stored, dtype)
+    source = hf_checkpoint.HFSource(directory, config, scaled)
+    params = checkpoint_io.assemble_params(config, source, wrap)
+    vocab = hf_checkpoint.load_vocabulary(directory)
+  else:
+    if config is None:
+      raise ValueError(
+        f'{directory}: a T5X checkpoint stores no hyperparameters; pass '
+        'config=T5Config(...) or gin_file=... (e.g. models/t5_1_1/base.gin)'
+      )
+    config = _with_dtype(config, dtype)
+    source = t5x_checkpoint.T5XSource(directory)
+    params = checkpoint_io.assemble_params(config, source, wrap)
+    vocab = None
+  vocab = vocabulary if vocabulary is not None else vocab
+  _check_vocab_fits(vocab, config, directory)
+  return models.Model(config, params, vocab)
+
+
+def _with_dtype(config: T5Config, dtype: Any) -> T5Config:
+  return config if dtype is None else config.replace(param_dtype=dtype)
+
+
+def _check_vocab_fits(vocab, config: T5Config, directory: str) -> None:
+  if vocab is not None and vocab.vocab_size > config.vocab_size:
+    raise CheckpointError(
+      f'{directory}: the vocabulary has {vocab.vocab_size} ids but the '
+      f'model only {config.vocab_size} embedding rows'
+    )
+
+
+def _progress_bar(directory: str) -> Callable:
+  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
+
+  return lambda it: tqdm.tqdm(it, desc=f'loading {directory}', unit='tensor')
+
+
+# -- our format ---------------------------------------------------------------
+def _read_ours(directory: str):
+  file = os.path.join(directory, CONFIG_FILE)
+  try:
+    with open(file) as f:
+      config = T5Config.from_json(f.read())
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f'{file}: not a T5Config ({e})') from e
+  vocab = None
+  vocab_file = os.path.join(directory, VOCAB_FILE)
+  if os.path.isfile(vocab_file):
+    extra = vocab_lib.DEFAULT_EXTRA_IDS
+    info = os.path.join(directory, VOCAB_INFO_FILE)
+    if os.path.isfile(info):
+      with open(info) as f:
+        extra = int(json.load(f)['extra_ids'])
+    vocab = vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
+  return config, vocab
+
+
+def _restore_orbax(directory: str, config: T5Config) -> Any:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  params_dir = os.path.abspath(os.path.join(directory, PARAMS_DIR))
+  ckptr = ocp.StandardCheckpointer()
+  try:
+    tree = ckptr.metadata(params_dir).item_metadata.tree
+  except Exception as e:
+    raise CheckpointError(
+      f'{params_dir}: unreadable orbax checkpoint ({e})'
+    ) from e
+  found = {
+    '/'.join(str(getattr(k, 'key', k)) for k in path): tuple(leaf.shape)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+  checkpoint_io.check_shapes(config, found, params_dir)
+  dtype = np.dtype(config.param_dtype)
+  device = jax.devices()[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  target = _nest(
+    {
+      name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+      for name, shape in checkpoint_io.expected_shapes(config).items()
+    }
+  )
+  try:
+    return ckptr.restore(params_dir, target)
+  except Exception as e:
+    raise CheckpointError(f'{params_dir}: orbax restore failed ({e})') from e
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+  import flax.traverse_util  # pylint: disable=g-import-not-at-top
+
+  return flax.traverse_util.unflatten_dict(flat, sep='/')
+
+
+def save(model, path: str) -> None:
+  """Writes `model` to a new directory `path` in our format.
+
+  Raises:
+    FileExistsError: `path` exists and is not empty.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  path = os.path.abspath(os.fspath(path))
+  if os.path.isdir(path) and os.listdir(path):
+    raise FileExistsError(f'{path} exists and is not empty')
+  os.makedirs(path, exist_ok=True)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.join(path, PARAMS_DIR), model.params)
+  ckptr.wait_until_finished()
+  with open(os.path.join(path, CONFIG_FILE), 'w') as f:
+    f.write(model.config.to_json())
+  if model.vocabulary is not None:
+    with open(os.path.join(path, VOCAB_FILE), 'wb') as f:
+      f.write(model.vocabulary.serialized)
+    with open(os.path.join(path, VOCAB_INFO_FILE), 'w') as f:
+      json.dump({'extra_ids': model.vocabulary.extra_ids}, f)
