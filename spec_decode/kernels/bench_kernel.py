@@ -1,0 +1,192 @@
+"""Benchmark: XLA's dot vs the small-K kernel, inside jit, on this CPU.
+
+  python -m spec_decode.kernels.bench_kernel [--repeats 15] [--json out.json]
+
+For each case and k in {1, 2, 4, 8, 16} it times one jitted call (median over
+repeats after warm-up; the machine is shared, so medians, not means) of
+  * `jnp.dot(x, w)` with w: [D, N] float32 (XLA:CPU, as the network does now),
+  * `ops.matmul(x, pack(w))` (the kernel, float32 weights),
+  * `ops.matmul(x, pack(w, bfloat16))` (the kernel, bfloat16 weights),
+and prints v(k) = time(k) / time(1) and the weight-read rate in GB/s.
+
+Cases: one 4096 x 16384 float32 matrix (256 MB), and a T5-base-like decoder
+stack (12 layers of self-attention q/k/v/o, cross-attention q/o, gated MLP
+wi_0/wi_1/wo at d_model 768, d_ff 2048, plus the 768 x 32128 logits matrix:
+about 490 MB) run as one chain of matmuls inside one jit, so the weights
+stream from memory as in a decode step rather than sit in cache.
+
+The reference bandwidth is a memcpy of 256 MB measured in the same run, on the
+kernel's own threads (`smallm_parallel_copy`), reported both as bytes copied
+per second and STREAM-style (bytes read + written per second). The fraction
+of copy bandwidth uses the STREAM-style figure, which is the larger one, so
+the fraction is the harder one to reach.
+"""
+
+import argparse
+import ctypes
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.kernels import ops
+
+KS = (1, 2, 4, 8, 16)
+
+
+def _median_time(fn, args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))  # compile
+  jax.block_until_ready(fn(*args))  # warm caches, wake threads
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def _copy_bandwidth(nbytes: int, repeats: int) -> dict:
+  """Copy rate of `nbytes` with numpy (1 thread) and the kernel's threads."""
+  src = np.ones(nbytes // 4, np.float32)
+  dst = np.empty_like(src)
+  np.copyto(dst, src)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    np.copyto(dst, src)
+    times.append(time.perf_counter() - t0)
+  out = {'numpy_copy_gbs': nbytes / statistics.median(times) / 1e9}
+  lib = ops._load()  # pylint: disable=protected-access
+  if lib is not None:
+    copy = lib.smallm_parallel_copy
+    copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                     ctypes.c_int]
+    copy(dst.ctypes.data, src.ctypes.data, nbytes, 1)
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      copy(dst.ctypes.data, src.ctypes.data, nbytes, 1)
+      times.append(time.perf_counter() - t0)
+    out['pool_copy_gbs'] = nbytes / statistics.median(times) / 1e9
+  best = max(out.values())
+  out['copy_gbs'] = best
+  out['stream_copy_gbs'] = 2 * best  # read + write
+  return out
+
+
+def _base_stack_shapes() -> list[tuple[int, int]]:
+  d, ff, vocab = 768, 2048, 32128
+  layer = [(d, d)] * 6 + [(d, ff), (d, ff), (ff, d)]
+  return layer * 12 + [(d, vocab)]
+
+
+def _chain(apply):
+  """A jitted chain of matmuls; each input depends on the previous output."""
+
+  def run(xs, ws):
+    y = None
+    total = 0.0
+    for w in ws:
+      d = _rows(w)
+      x = xs[d]
+      if y is not None:
+        # A data dependency, so XLA runs the matmuls one after the other as
+        # a decode step does (and cannot overlap or reorder them).
+        x = x + 0.0 * y[..., :1]
+      y = apply(x, w)
+      total = total + y[..., 0]
+    return total
+
+  return jax.jit(run)
+
+
+def _rows(w) -> int:
+  return w.shape[0] if hasattr(w, 'ndim') and not isinstance(
+      w, ops.Packed) else w.d
+
+
+def _bench_case(name, shapes, repeats, rng) -> list[dict]:
+  ws = [jnp.asarray(rng.standard_normal(s, np.float32) / np.sqrt(s[0]))
+        for s in shapes]
+  nbytes = sum(int(np.prod(s)) * 4 for s in shapes)
+  variants = {'xla_dot': (ws, lambda x, w: jnp.dot(x, w))}
+  if ops.available():
+    variants['kernel_f32'] = ([ops.pack(np.asarray(w)) for w in ws],
+                              ops.matmul)
+    variants['kernel_bf16'] = (
+        [ops.pack(np.asarray(w), jnp.bfloat16) for w in ws], ops.matmul)
+  rows = []
+  for variant, (weights, apply) in variants.items():
+    weights = jax.device_put(weights)
+    read = nbytes // 2 if variant.endswith('bf16') else nbytes
+    fn = _chain(apply)
+    t1 = None
+    for k in KS:
+      xs = {d: jnp.asarray(rng.standard_normal((k, d), np.float32))
+            for d in {s[0] for s in shapes}}
+      t = _median_time(fn, (xs, weights), repeats)
+      t1 = t if k == 1 else t1
+      rows.append({'case': name, 'variant': variant, 'k': k,
+                   'ms': 1e3 * t, 'v': t / t1, 'gbs': read / t / 1e9,
+                   'weight_mb': read / 2**20})
+    del weights
+  return rows
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--repeats', type=int, default=15)
+  parser.add_argument('--json', default=None, help='write results here')
+  parser.add_argument('--cases', default='big,base',
+                      help='comma list of: big (4096x16384), base (T5-base '
+                      'decoder stack), small (single 768x2048)')
+  args = parser.parse_args(argv)
+  rng = np.random.default_rng(0)
+  info = ops.info()
+  print(f'kernel: {info}')
+  print(f'jax {jax.__version__}, backend {jax.default_backend()}, '
+        f'{args.repeats} repeats, medians')
+  copy = _copy_bandwidth(256 << 20, args.repeats)
+  print('memcpy 256 MB: ' + ', '.join(f'{k} {v:.1f}' for k, v in copy.items())
+        + ' GB/s')
+  cases = {
+      'big': [(4096, 16384)],
+      'base': _base_stack_shapes(),
+      'small': [(768, 2048)],
+  }
+  rows = []
+  for name in args.cases.split(','):
+    rows += _bench_case(name, cases[name], args.repeats, rng)
+  print()
+  header = (f'{"case":6} {"variant":12} ' +
+            ' '.join(f'{"v(" + str(k) + ")":>6}' for k in KS) +
+            f' {"ms(1)":>8} {"GB/s(1)":>8} {"%copy(1)":>8}')
+  print(header)
+  for name in args.cases.split(','):
+    for variant in ('xla_dot', 'kernel_f32', 'kernel_bf16'):
+      sel = [r for r in rows if r['case'] == name and r['variant'] == variant]
+      if not sel:
+        continue
+      r1 = sel[0]
+      print(f'{name:6} {variant:12} ' +
+            ' '.join(f'{r["v"]:6.2f}' for r in sel) +
+            f' {r1["ms"]:8.2f} {r1["gbs"]:8.1f} '
+            f'{100 * r1["gbs"] / copy["stream_copy_gbs"]:7.0f}%')
+  print('\nms per k:')
+  for name in args.cases.split(','):
+    for r in rows:
+      if r['case'] == name and r['k'] == KS[-1]:
+        sel = [s for s in rows
+               if s['case'] == name and s['variant'] == r['variant']]
+        print(f'{name:6} {r["variant"]:12} ' +
+              ' '.join(f'{s["ms"]:8.2f}' for s in sel))
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump({'kernel': info, 'copy': copy, 'rows': rows}, f, indent=2)
+
+
+if __name__ == '__main__':
+  main()
