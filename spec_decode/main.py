@@ -1,0 +1,36 @@
+"""The `spec-decode` command line: one subcommand per job.
+
+  spec-decode demo     short end-to-end decode (the default with no arguments)
+  spec-decode theory   the paper's section 3 tables and figures
+  spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
+"""
+
+import importlib
+import sys
+
+# Subcommand -> module with `main(argv) -> int`. Imported lazily so that
+# `spec-decode theory` does not pay for JAX start-up, and so on.
+_COMMANDS = {
+    'demo': 'spec_decode.demo',
+    'theory': 'spec_decode.theory_cli',
+    'convert': 'spec_decode.convert',
+}
+_DEFAULT = 'demo'
+
+
+def run(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in ('-h', '--help'):
+    print(__doc__)
+    return 0
+  command = argv.pop(0) if argv and not argv[0].startswith('-') else _DEFAULT
+  if command not in _COMMANDS:
+    print(f'spec-decode: unknown command {command!r}; one of '
+          f'{", ".join(sorted(_COMMANDS))}', file=sys.stderr)
+    return 2
+  module = importlib.import_module(_COMMANDS[command])
+  return int(module.main(argv) or 0)
+
+
+if __name__ == '__main__':
+  raise SystemExit(run())
