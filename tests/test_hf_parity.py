@@ -235,3 +235,17 @@ def test_bfloat16_load_is_the_rounded_fp32_load(pair, tmp_path):
     model16.params,
     model.params,
   )
+
+
+def test_pytorch_model_bin_loads_the_same_weights(pair, tmp_path):
+  """`pytorch_model.bin` (all of `state_dict`, tied copies included)."""
+  hf, model = pair
+  hf.config.save_pretrained(tmp_path)
+  torch.save(hf.state_dict(), tmp_path / 'pytorch_model.bin')
+  loaded = sd.Model.load(str(tmp_path))
+  assert loaded.config == model.config
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+    loaded.params,
+    model.params,
+  )
