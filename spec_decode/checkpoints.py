@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any, Callable
 
+import flax.traverse_util
 import jax
 import numpy as np
 
@@ -119,7 +120,7 @@ def load(
   if fmt == ORBAX:
     stored, vocab = _read_ours(directory)
     config = _with_dtype(config or stored, dtype)
-    params = _restore_orbax(directory, config)
+    params = _restore_orbax(directory, config, wrap)
   elif fmt == HUGGING_FACE:
     stored, scaled = hf_checkpoint.load_hf_config(directory)
     config = _with_dtype(config or stored, dtype)
@@ -179,13 +180,15 @@ def _read_ours(directory: str):
   return config, vocab
 
 
-def _restore_orbax(directory: str, config: T5Config) -> Any:
+def _restore_orbax(
+  directory: str, config: T5Config, progress: Callable | None = None
+) -> Any:
+  """Restores layer by layer: orbax would read every array at once."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   params_dir = os.path.abspath(os.path.join(directory, PARAMS_DIR))
-  ckptr = ocp.StandardCheckpointer()
   try:
-    tree = ckptr.metadata(params_dir).item_metadata.tree
+    tree = ocp.StandardCheckpointer().metadata(params_dir).item_metadata.tree
   except Exception as e:
     raise CheckpointError(
       f'{params_dir}: unreadable orbax checkpoint ({e})'
@@ -196,23 +199,41 @@ def _restore_orbax(directory: str, config: T5Config) -> Any:
   }
   checkpoint_io.check_shapes(config, found, params_dir)
   dtype = np.dtype(config.param_dtype)
-  device = jax.devices()[0]
-  sharding = jax.sharding.SingleDeviceSharding(device)
-  target = _nest(
-    {
-      name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-      for name, shape in checkpoint_io.expected_shapes(config).items()
-    }
-  )
-  try:
-    return ckptr.restore(params_dir, target)
-  except Exception as e:
-    raise CheckpointError(f'{params_dir}: orbax restore failed ({e})') from e
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  groups = {}
+  for name, shape in checkpoint_io.expected_shapes(config).items():
+    group = '/'.join(name.split('/')[:2])  # e.g. encoder/layers_3
+    groups.setdefault(group, {})[name] = shape
+  ckptr = ocp.PyTreeCheckpointer()
+  flat = {}
+  names = sorted(groups)
+  for group in progress(names) if progress else names:
+    item = _nest(
+      {
+        n: jax.ShapeDtypeStruct(s, dtype, sharding=sharding)
+        for n, s in groups[group].items()
+      }
+    )
+    restore_args = jax.tree.map(
+      lambda x: ocp.ArrayRestoreArgs(
+        dtype=dtype, sharding=sharding, global_shape=x.shape
+      ),
+      item,
+    )
+    args = ocp.args.PyTreeRestore(
+      item=item, restore_args=restore_args, partial_restore=True
+    )
+    try:
+      part = ckptr.restore(params_dir, args=args)
+    except Exception as e:
+      raise CheckpointError(
+        f'{params_dir}: orbax restore of {group} failed ({e})'
+      ) from e
+    flat.update(flax.traverse_util.flatten_dict(part, sep='/'))
+  return _nest(flat)
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-  import flax.traverse_util  # pylint: disable=g-import-not-at-top
-
   return flax.traverse_util.unflatten_dict(flat, sep='/')
 
 

@@ -3,10 +3,11 @@
 Reads what `transformers.T5ForConditionalGeneration.save_pretrained` writes:
 `model.safetensors`, a sharded `model.safetensors.index.json`, or (when torch
 is importable) `pytorch_model.bin` / its sharded index; `spiece.model` when
-present becomes the vocabulary. Safetensors are read with the `safetensors`
-package's numpy API (bfloat16 and float8 tensors, which numpy cannot name,
-are read from the file's own header), so neither torch nor TensorFlow is
-needed.
+present becomes the vocabulary. Safetensors files are opened, validated and
+listed with the `safetensors` package; each tensor is then read with one plain
+file read at its header offsets (no memory map that would stay resident; and
+bfloat16 / float8, which numpy cannot name, work too). Neither torch nor
+TensorFlow is needed.
 
 Name mapping (HF -> ours). HF `Linear` weights are `[out, in]`, so they are
 transposed to our `[in, out]` kernels; HF keeps the relative position table
@@ -77,9 +78,18 @@ _IGNORED = frozenset(
   }
 )
 _ST_DTYPES = {
+  'F64': np.float64,
+  'F32': np.float32,
+  'F16': np.float16,
   'BF16': ml_dtypes.bfloat16,
   'F8_E4M3': ml_dtypes.float8_e4m3fn,
   'F8_E5M2': ml_dtypes.float8_e5m2,
+  'I64': np.int64,
+  'I32': np.int32,
+  'I16': np.int16,
+  'I8': np.int8,
+  'U8': np.uint8,
+  'BOOL': np.bool_,
 }
 
 
@@ -268,14 +278,32 @@ class _Safetensors:
     return tuple(self._handle(self._files[name]).get_slice(name).get_shape())
 
   def read(self, name: str) -> np.ndarray:
+    """Reads one tensor with plain file reads.
+
+    `safe_open` validated the file and its header; the data is read with
+    `np.fromfile` rather than through the package's memory map, whose pages
+    would stay resident (and count as host memory) until the file closes.
+    This also covers bfloat16 and float8, which numpy cannot name.
+    """
     file = self._files[name]
-    handle = self._handle(file)
-    if handle.get_slice(name).get_dtype() in _ST_DTYPES:
-      return self._read_raw(file, name)
-    try:
-      return handle.get_tensor(name)
-    except Exception as e:
-      raise CheckpointError(f'{file}: cannot read {name}: {e}') from e
+    self._handle(file)  # Validates the file once.
+    start, header = self._header(file)
+    info = header[name]
+    begin, end = info['data_offsets']
+    dtype = _ST_DTYPES.get(info['dtype'])
+    if dtype is None:
+      raise CheckpointError(
+        f'{file}: {name} has unsupported dtype {info["dtype"]}'
+      )
+    dtype = np.dtype(dtype).newbyteorder('<')
+    shape = tuple(info['shape'])
+    count = int(np.prod(shape))
+    if end - begin != dtype.itemsize * count:
+      raise CheckpointError(f'{file}: {name} has inconsistent offsets')
+    arr = np.fromfile(file, dtype=dtype, count=count, offset=start + begin)
+    if arr.size != count:
+      raise CheckpointError(f'{file}: truncated inside {name}')
+    return arr.reshape(shape)
 
   def _header(self, file: str) -> tuple[int, dict[str, Any]]:
     if file not in self._headers:
@@ -283,19 +311,6 @@ class _Safetensors:
         n = int.from_bytes(f.read(8), 'little')
         self._headers[file] = (8 + n, json.loads(f.read(n)))
     return self._headers[file]
-
-  def _read_raw(self, file: str, name: str) -> np.ndarray:
-    """Tensors whose dtype numpy cannot name (bfloat16, float8)."""
-    start, header = self._header(file)
-    info = header[name]
-    begin, end = info['data_offsets']
-    dtype = np.dtype(_ST_DTYPES[info['dtype']])
-    shape = tuple(info['shape'])
-    if end - begin != dtype.itemsize * int(np.prod(shape)):
-      raise CheckpointError(f'{file}: {name} has inconsistent offsets')
-    return np.memmap(
-      file, dtype=dtype, mode='r', offset=start + begin, shape=shape
-    )
 
 
 class _TorchFiles:
