@@ -74,14 +74,16 @@ class Packed:
     return self.data.dtype
 
 
-def pack(w, dtype=jnp.float32) -> Packed:
+def pack(w, dtype=jnp.float32, *, host: bool = False) -> Packed:
   """Packs `w: [D, N]` once, for `matmul`.
 
   Args:
-    w: [D, N] weights (numpy or jax array; a numpy input stays numpy, so
-      packing a checkpoint needs no device memory twice).
+    w: [D, N] weights, numpy or jax array (numpy is packed on the host, so a
+      checkpoint is not held twice on the device).
     dtype: float32, or bfloat16 to halve the bytes read (weights rounded to
       bfloat16, products still accumulated in float32).
+    host: keep `data` a numpy array. By default it is a jax array: a numpy
+      leaf passed to a jitted function is copied in on every call.
 
   Returns:
     A `Packed` whose `data` has the layout in the module docstring.
@@ -101,7 +103,11 @@ def pack(w, dtype=jnp.float32) -> Packed:
     # [Q, D, h, j] -> [Q, D, j, h]: a 32-bit lane j holds columns j, 16 + j.
     data = data.reshape(panels, d, 2, 16).transpose(0, 1, 3, 2)
     data = data.reshape(panels, d, 32)
-  return Packed(data=xp.ascontiguousarray(data) if xp is np else data, n=n)
+  if xp is np:
+    data = np.ascontiguousarray(data)
+    if not host:
+      data = jax.device_put(data)
+  return Packed(data=data, n=n)
 
 
 def unpack(packed: Packed) -> jax.Array:

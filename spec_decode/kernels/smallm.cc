@@ -77,6 +77,14 @@ typedef uint32_t vu_u __attribute__((vector_size(64), aligned(4)));
 
 constexpr int kLanes = 16;
 
+// Software prefetch distance in panel rows (64 bytes each, so 4 KB ahead per
+// stream); 0 disables. Helps at K >= 8, where compute delays the loads that
+// would otherwise trigger the hardware prefetcher.
+#ifndef SMALLM_PREFETCH_ROWS
+#define SMALLM_PREFETCH_ROWS 64
+#endif
+constexpr int kPrefetchRows = SMALLM_PREFETCH_ROWS;
+
 // Rows of x per pass. More rows per pass means fewer passes over W but more
 // accumulators; 16 keeps one 16-float vector per row in registers.
 constexpr int kMaxRowsF32 = kVecRegs / kRegsPerVec >= 32 ? 16 : 6;
@@ -94,7 +102,7 @@ constexpr int VecsPerTile(int rows) {
   return v;
 }
 
-// s - 0 folds to s (s + 0 does not, because of -0), so this is one vbroadcastss.
+// s - 0 folds to s (s + 0 does not, because of -0): one vbroadcastss.
 inline vf Broadcast(float s) { return s - vf{}; }
 
 // Stores lanes [0, n) of `v` at `dst` (n <= 16); the tail of the last panel
@@ -144,8 +152,9 @@ void TileF32(const float* __restrict xt, const float* __restrict w,
     vf wv[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
-      wv[v] = *reinterpret_cast<const vf_u*>(w + v * panel_stride +
-                                             d * kLanes);
+      const float* row = w + v * panel_stride + d * kLanes;
+      if (kPrefetchRows > 0) __builtin_prefetch(row + kPrefetchRows * kLanes);
+      wv[v] = *reinterpret_cast<const vf_u*>(row);
     }
 #pragma GCC unroll 16
     for (int k = 0; k < KB; ++k) {
@@ -186,8 +195,11 @@ void TileBf16(const float* __restrict xt, const uint16_t* __restrict w,
     vf wv[V];
 #pragma GCC unroll 2
     for (int q = 0; q < Q; ++q) {
-      vu raw = *reinterpret_cast<const vu_u*>(w + q * panel_stride +
-                                              d * 2 * kLanes);
+      const uint16_t* row = w + q * panel_stride + d * 2 * kLanes;
+      if (kPrefetchRows > 0) {
+        __builtin_prefetch(row + kPrefetchRows * 2 * kLanes);
+      }
+      vu raw = *reinterpret_cast<const vu_u*>(row);
       // bf16 is the top half of a float32: shift the low element up, mask
       // the high one in place.
       wv[2 * q] = reinterpret_cast<vf>(raw << 16);
@@ -559,8 +571,8 @@ SMALLM_EXPORT int smallm_threads() { return Pool::Get().threads(); }
 
 // Copies `bytes` from src to dst split across the pool, `reps` times; the
 // benchmark's bandwidth reference uses the same threads as the kernel.
-SMALLM_EXPORT void smallm_parallel_copy(void* dst, const void* src, int64_t bytes,
-                          int reps) {
+SMALLM_EXPORT void smallm_parallel_copy(void* dst, const void* src,
+                                        int64_t bytes, int reps) {
   Pool& pool = Pool::Get();
   const int64_t chunk = 1 << 20;  // Items of 1 MB, claimed like the kernel's.
   const int64_t items = (bytes + chunk - 1) / chunk;
@@ -574,9 +586,42 @@ SMALLM_EXPORT void smallm_parallel_copy(void* dst, const void* src, int64_t byte
   }
 }
 
+// Reads `bytes` (a multiple of 64) split across the pool, `reps` times, and
+// returns a sum so the reads are not optimized away: the ceiling for a
+// kernel that only streams weights.
+SMALLM_EXPORT float smallm_parallel_read(const void* src, int64_t bytes,
+                                         int reps) {
+  Pool& pool = Pool::Get();
+  const int64_t chunk = 1 << 20;
+  const int64_t items = (bytes + chunk - 1) / chunk;
+  std::vector<float> sums(items);
+  for (int r = 0; r < reps; ++r) {
+    pool.Run(items, pool.threads() - 1, [&](int64_t i) {
+      const float* p = static_cast<const float*>(src) + i * chunk / 4;
+      int64_t vecs = std::min(chunk, bytes - i * chunk) / 64;
+      vf a0{}, a1{}, a2{}, a3{};
+      int64_t j = 0;
+      for (; j + 4 <= vecs; j += 4) {
+        a0 += *reinterpret_cast<const vf_u*>(p + 16 * j);
+        a1 += *reinterpret_cast<const vf_u*>(p + 16 * j + 16);
+        a2 += *reinterpret_cast<const vf_u*>(p + 16 * j + 32);
+        a3 += *reinterpret_cast<const vf_u*>(p + 16 * j + 48);
+      }
+      for (; j < vecs; ++j) a0 += *reinterpret_cast<const vf_u*>(p + 16 * j);
+      vf a = (a0 + a1) + (a2 + a3);
+      float t = 0;
+      for (int l = 0; l < kLanes; ++l) t += a[l];
+      sums[i] = t;
+    });
+  }
+  float total = 0;
+  for (float v : sums) total += v;
+  return total;
+}
+
 // Direct (non-XLA) call of the f32 kernel, for the benchmark.
-SMALLM_EXPORT void smallm_f32(const float* x, const float* w, float* y, int64_t k,
-                int64_t d, int64_t n) {
+SMALLM_EXPORT void smallm_f32(const float* x, const float* w, float* y,
+                              int64_t k, int64_t d, int64_t n) {
   Problem pr{};
   pr.x = x;
   pr.w = w;
