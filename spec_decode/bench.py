@@ -1,0 +1,291 @@
+"""`spec-decode bench` / `make bench`: speed measured side by side, one run.
+
+Sections (all medians over repeats, after warm-up, in one process):
+  1. plain decoding efficiency: decoder weight bytes read per step / step
+     time, against a memory-copy bandwidth measured in the same run;
+  2. v(k) = target time for k tokens / time for 1 token, k = 2..16;
+  3. speculative vs plain walltime under controlled acceptance
+     (`drafters.ControlledDraft`) at alpha in {0.5, 0.7, 0.8, 0.9}, with the
+     generalized prediction E[tokens] / (gamma c + v) from measured c and v;
+  4. tokens/s of plain and speculative decoding at batch 1, 4, 8, 16;
+  5. first-call compile time, and the number of recompilations after warm-up.
+Prints a Markdown table and writes JSON (`--out`).
+"""
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import spec_decode as sd
+from spec_decode import decoding
+from spec_decode import drafters
+from spec_decode import theory
+
+ALPHAS = (0.5, 0.7, 0.8, 0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """Sizes of one benchmark run (`--quick` shrinks them)."""
+
+  target: sd.T5Config
+  draft: sd.T5Config
+  max_decode_len: int
+  repeats: int
+  ks: tuple[int, ...]
+  batches: tuple[int, ...]
+  copy_mb: int
+
+
+def _v1_1(vocab, emb, heads, mlp, layers) -> sd.T5Config:
+  return sd.T5Config(vocab_size=vocab, emb_dim=emb, num_heads=heads,
+                     head_dim=64, mlp_dim=mlp, num_encoder_layers=layers,
+                     num_decoder_layers=layers,
+                     mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+
+
+FULL = BenchConfig(
+    target=_v1_1(32128, 768, 12, 2048, 12),  # T5 v1.1 base
+    draft=_v1_1(32128, 512, 6, 1024, 8).replace(num_decoder_layers=2),
+    max_decode_len=64, repeats=5, ks=tuple(range(1, 17)),
+    batches=(1, 4, 8, 16), copy_mb=512)
+QUICK = BenchConfig(
+    target=_v1_1(32128, 512, 8, 1024, 6),
+    draft=_v1_1(32128, 256, 4, 512, 2),
+    max_decode_len=32, repeats=3, ks=(1, 2, 4, 8, 16), batches=(1, 8),
+    copy_mb=256)
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+  jax.block_until_ready(fn())  # warm-up (and compile)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def copy_bandwidth(megabytes: int, repeats: int) -> float:
+  """Bytes copied per second by numpy (one read and one write per byte)."""
+  src = np.ones(megabytes * 2**20 // 4, np.float32)
+  dst = np.empty_like(src)
+  return src.nbytes / _median_time(lambda: np.copyto(dst, src), repeats)
+
+
+def decoder_step_bytes(model: sd.Model) -> int:
+  """Weight bytes one decoder step reads (cross K/V are precomputed)."""
+  total = 0
+  dec = model.params['decoder']
+  for name, sub in dec.items():
+    for path, leaf in jax.tree_util.tree_leaves_with_path(sub):
+      keys = [getattr(p, 'key', '') for p in path]
+      if name.startswith('layers_') and keys[0] == 'encoder_decoder_attention' \
+          and keys[1] in ('key', 'value'):
+        continue
+      total += leaf.nbytes
+  if model.config.logits_via_embedding:
+    total += model.params['token_embedder']['embedding'].nbytes
+  return total
+
+
+@jax.jit
+def _score(model, state, tokens):
+  return model.score(state, tokens)[0]
+
+
+def step_times(model: sd.Model, ks, repeats: int, batch: int = 1,
+               prefix: int = 16) -> dict[int, float]:
+  """Median time of one `score` call with k tokens per row, per k."""
+  enc = jnp.full((batch, 16), 5, jnp.int32)
+  state = model.init_state(enc, prefix + max(ks) + 2)
+  _, state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))
+  return {k: _median_time(
+      lambda k=k: _score(model, state, jnp.zeros((batch, k), jnp.int32)),
+      repeats) for k in ks}
+
+
+def _timed_generate(repeats, **kwargs) -> tuple[float, sd.GenerateOutput]:
+  out = sd.generate(**kwargs)
+  return _median_time(lambda: sd.generate(**kwargs).tokens, repeats), out
+
+
+def _inputs(batch: int, seed: int = 0) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
+
+
+def _no_eos(model: sd.Model) -> sd.Model:
+  # Random weights: keep rows from stopping early so every decode does
+  # max_decode_len steps and timings compare like with like.
+  params = jax.tree.map(np.array, model.params)
+  params['decoder']['logits_dense']['kernel'][:, sd.EOS_ID] = -1.0
+  return model.with_params(params)
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+  results: dict[str, Any] = {
+      'machine': {'platform': platform.platform(),
+                  'processor': platform.processor(),
+                  'devices': [str(d) for d in jax.devices()],
+                  'jax': jax.__version__},
+      'target_config': cfg.target.to_dict(),
+      'draft_config': cfg.draft.to_dict(),
+      'max_decode_len': cfg.max_decode_len,
+  }
+  m = cfg.max_decode_len
+  target = _no_eos(sd.Model.init(cfg.target, seed=0))
+  draft_net = sd.Model.init(cfg.draft, seed=1)
+
+  # 5a. compile time of the first call.
+  enc1 = _inputs(1)
+  t0 = time.perf_counter()
+  sd.generate(target, enc1, max_decode_len=m)
+  results['compile_seconds_plain'] = time.perf_counter() - t0
+
+  # 1. plain decoding efficiency.
+  bandwidth = copy_bandwidth(cfg.copy_mb, cfg.repeats)
+  plain_time, plain = _timed_generate(cfg.repeats, model=target,
+                                      encoder_tokens=enc1, max_decode_len=m)
+  steps = int(plain.lengths.max())
+  step_time = plain_time / steps
+  step_bytes = decoder_step_bytes(target)
+  results.update(
+      copy_bandwidth_gb_s=bandwidth / 1e9,
+      decoder_weight_bytes_per_step=step_bytes,
+      plain_step_seconds=step_time,
+      plain_weight_read_gb_s=step_bytes / step_time / 1e9,
+      copy_bandwidth_fraction=step_bytes / step_time / bandwidth)
+
+  # 2. v(k) on the target, and c from one draft step.
+  t_times = step_times(target, cfg.ks, cfg.repeats)
+  d_times = step_times(draft_net, (1,), cfg.repeats)
+  v = {k: t_times[k] / t_times[1] for k in cfg.ks if k > 1}
+  c = d_times[1] / t_times[1]
+  results.update(v={str(k): r for k, r in v.items()}, c=c,
+                 target_step_seconds=t_times[1],
+                 draft_step_seconds=d_times[1])
+
+  # 3. controlled acceptance.
+  v_of_k = {1: 1.0, **v}
+  reference = sd.generate(target, enc1, max_decode_len=m + max(cfg.ks) + 2)
+  speedups = {}
+  for alpha in ALPHAS:
+    gamma, _ = theory.choose_gamma(alpha, c, v_of_k,
+                                   max_gamma=max(cfg.ks) - 1)
+    gamma = int(gamma)
+    draft = drafters.ControlledDraft(
+        inner=draft_net, reference=jnp.asarray(reference.tokens),
+        alpha=jnp.float32(alpha), key=jax.random.key(17))
+    spec_time, spec = _timed_generate(
+        cfg.repeats, model=target, encoder_tokens=enc1, draft=draft,
+        gamma=gamma, max_decode_len=m)
+    assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
+    a_hat = spec.stats.alpha
+    predicted = float(theory.walltime_improvement(a_hat, gamma, c,
+                                                  v_of_k[gamma + 1]))
+    measured = plain_time / spec_time
+    speedups[str(alpha)] = dict(
+        gamma=gamma, alpha_measured=a_hat, measured=measured,
+        predicted=predicted, ratio=measured / predicted,
+        predicted_v1=float(theory.walltime_improvement(a_hat, gamma, c)),
+        tokens_per_call=spec.stats.tokens_per_call)
+  results['speedup'] = speedups
+
+  # 4. batch sizes, at alpha = 0.8.
+  gamma = speedups['0.8']['gamma']
+  batch_rows = {}
+  for b in cfg.batches:
+    enc = _inputs(b, seed=b)
+    ref = sd.generate(target, enc, max_decode_len=m + gamma + 2)
+    draft = drafters.ControlledDraft(
+        inner=draft_net, reference=jnp.asarray(ref.tokens),
+        alpha=jnp.float32(0.8), key=jax.random.key(17))
+    pt, _ = _timed_generate(cfg.repeats, model=target, encoder_tokens=enc,
+                            max_decode_len=m)
+    st, _ = _timed_generate(cfg.repeats, model=target, encoder_tokens=enc,
+                            draft=draft, gamma=gamma, max_decode_len=m)
+    batch_rows[str(b)] = dict(plain_tokens_per_s=b * m / pt,
+                              speculative_tokens_per_s=b * m / st,
+                              speedup=pt / st)
+  results['batch'] = batch_rows
+
+  # 5b. recompilations after warm-up: new inputs of the same shapes.
+  before = (decoding.plain_decode_jit._cache_size(),
+            decoding.speculative_decode_jit._cache_size())
+  sd.generate(target, _inputs(1, seed=99), max_decode_len=m, seed=3)
+  draft = drafters.ControlledDraft(
+      inner=draft_net, reference=jnp.asarray(reference.tokens),
+      alpha=jnp.float32(0.6), key=jax.random.key(3))
+  sd.generate(target, _inputs(1, seed=98), draft=draft,
+              gamma=speedups['0.8']['gamma'], max_decode_len=m)
+  after = (decoding.plain_decode_jit._cache_size(),
+           decoding.speculative_decode_jit._cache_size())
+  results['recompilations'] = int(sum(after) - sum(before))
+  return results
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+  lines = ['## Plain decoding efficiency', '',
+           '| copy GB/s | weight GB/step | step ms | weights GB/s | fraction |',
+           '|---|---|---|---|---|',
+           f"| {r['copy_bandwidth_gb_s']:.1f} | "
+           f"{r['decoder_weight_bytes_per_step'] / 1e9:.3f} | "
+           f"{r['plain_step_seconds'] * 1e3:.1f} | "
+           f"{r['plain_weight_read_gb_s']:.1f} | "
+           f"{r['copy_bandwidth_fraction']:.0%} |", '',
+           '## v(k) = target time(k tokens) / time(1 token)', '',
+           '| k | ' + ' | '.join(r['v']) + ' |',
+           '|---|' + '---|' * len(r['v']),
+           '| v | ' + ' | '.join(f'{x:.2f}' for x in r['v'].values()) + ' |',
+           '', f"c (draft step / target step) = {r['c']:.3f}", '',
+           '## Speculative vs plain (controlled acceptance, batch 1)', '',
+           '| alpha | gamma | alpha measured | tokens/call | measured | '
+           'predicted E/(γc+v) | ratio | Thm 3.8 (v=1) |',
+           '|---|---|---|---|---|---|---|---|']
+  for a, s in r['speedup'].items():
+    lines.append(
+        f"| {a} | {s['gamma']} | {s['alpha_measured']:.3f} | "
+        f"{s['tokens_per_call']:.2f} | {s['measured']:.2f}x | "
+        f"{s['predicted']:.2f}x | {s['ratio']:.2f} | "
+        f"{s['predicted_v1']:.2f}x |")
+  lines += ['', '## Batch size (alpha = 0.8)', '',
+            '| batch | plain tok/s | speculative tok/s | speedup |',
+            '|---|---|---|---|']
+  for b, s in r['batch'].items():
+    lines.append(f"| {b} | {s['plain_tokens_per_s']:.1f} | "
+                 f"{s['speculative_tokens_per_s']:.1f} | "
+                 f"{s['speedup']:.2f}x |")
+  lines += ['', f"First plain call (compile + run): "
+            f"{r['compile_seconds_plain']:.1f}s; recompilations after "
+            f"warm-up: {r['recompilations']}"]
+  return '\n'.join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog='spec-decode bench',
+                                   description=__doc__.splitlines()[0])
+  parser.add_argument('--quick', action='store_true',
+                      help='smaller models and fewer repeats (< 3 minutes)')
+  parser.add_argument('--out', default='bench.json', help='JSON output path')
+  args = parser.parse_args(argv)
+  cfg = QUICK if args.quick else FULL
+  results = run(cfg)
+  results['quick'] = args.quick
+  with open(args.out, 'w') as f:
+    json.dump(results, f, indent=2)
+  print(to_markdown(results))
+  print(f'\nwrote {args.out}')
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())
