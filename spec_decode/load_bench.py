@@ -9,7 +9,8 @@ when torch is installed) and a T5X checkpoint, then loads each in a fresh
 process and reports wall time and the process's peak resident memory
 (`ru_maxrss`) above its baseline after imports, next to the size of the
 parameters. A loader that held two full float32 copies would show an excess
-near 2x the model.
+near 2x the model. Peak RSS counts file pages a loader memory-maps (torch's
+`mmap=True`); the anonymous-memory column (sampled `RssAnon`) does not.
 """
 
 import argparse
@@ -19,6 +20,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 _FORMATS = ('orbax', 'hf_safetensors', 'hf_torch_bin', 't5x')
@@ -32,6 +34,35 @@ def _rss_mib() -> float:
 
 def _peak_mib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _anon_mib() -> float:
+  """Anonymous resident memory (no file-backed pages such as mmaps)."""
+  with open('/proc/self/status') as f:
+    for line in f:
+      if line.startswith('RssAnon:'):
+        return int(line.split()[1]) / 1024
+  return float('nan')
+
+
+class _AnonPeak:
+  """Samples `RssAnon` every 2 ms in a thread; the kernel keeps no peak."""
+
+  def __init__(self):
+    self.peak = _anon_mib()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self):
+    while not self._stop.wait(0.002):
+      self.peak = max(self.peak, _anon_mib())
+
+  def stop(self) -> float:
+    self._stop.set()
+    self._thread.join()
+    self.peak = max(self.peak, _anon_mib())
+    return self.peak
 
 
 def _write(config_name: str, root: str) -> dict:
@@ -95,12 +126,17 @@ def _load(fmt: str, path: str, config_json: str, dtype: str) -> dict:
   jax.block_until_ready(jax.numpy.zeros(1))  # Start the runtime first.
   base_rss = _rss_mib()
   base_peak = _peak_mib()
+  base_anon = _anon_mib()
   config = sd.T5Config.from_json(config_json) if fmt == 't5x' else None
+  sampler = _AnonPeak()
   start = time.perf_counter()
   model = sd.Model.load(path, config=config, dtype=dtype)
   jax.block_until_ready(model.params)
   seconds = time.perf_counter() - start
+  anon_peak = sampler.stop()
   return {
+    'baseline_anon_mib': base_anon,
+    'peak_anon_mib': anon_peak,
     'format': fmt,
     'dtype': dtype,
     'seconds': seconds,
@@ -150,8 +186,9 @@ def main(argv=None) -> int:
           results.append(r)
   itemsize = {'float32': 4, 'bfloat16': 2}
   print(
-    f'{"format":16} {"dtype":9} {"disk MiB":>9} {"model MiB":>9} '
-    f'{"load s":>7} {"peak-base MiB":>13} {"excess/model":>12}'
+    f'{"format":15} {"dtype":9} {"disk MiB":>8} {"model MiB":>9} '
+    f'{"load s":>6} {"peak RSS+":>9} {"/model":>6} {"peak anon+":>10} '
+    f'{"/model":>6}'
   )
   for r in results:
     model_mib = info['parameters'] * itemsize.get(r['dtype'], 4) / 2**20
@@ -159,11 +196,18 @@ def main(argv=None) -> int:
     r['disk_mib'] = info['disk_mib'][r['format']]
     r['peak_above_baseline_mib'] = r['peak_rss_mib'] - r['baseline_rss_mib']
     r['peak_over_model'] = r['peak_above_baseline_mib'] / model_mib
+    anon = r['peak_anon_mib'] - r['baseline_anon_mib']
+    r['peak_anon_above_baseline_mib'] = anon
     print(
-      f'{r["format"]:16} {r["dtype"]:9} {r["disk_mib"]:9.0f} '
-      f'{model_mib:9.0f} {r["seconds"]:7.2f} '
-      f'{r["peak_above_baseline_mib"]:13.0f} {r["peak_over_model"]:12.2f}'
+      f'{r["format"]:15} {r["dtype"]:9} {r["disk_mib"]:8.0f} '
+      f'{model_mib:9.0f} {r["seconds"]:6.2f} '
+      f'{r["peak_above_baseline_mib"]:9.0f} {r["peak_over_model"]:6.2f} '
+      f'{anon:10.0f} {anon / model_mib:6.2f}'
     )
+  print(
+    'peak RSS+: ru_maxrss minus the RSS after imports (includes file pages '
+    'a loader maps); peak anon+: sampled anonymous RSS minus its baseline.'
+  )
   if args.out:
     with open(args.out, 'w') as f:
       json.dump({'parameters': info['parameters'], 'results': results}, f,
