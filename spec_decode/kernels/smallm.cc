@@ -312,7 +312,15 @@ class Pool {
     // Close the job, then wait only for workers that joined before the
     // close; a late worker sees `closed_` and leaves without touching it.
     closed_.store(generation_.load());
-    while (active_.load() != 0) SMALLM_PAUSE();
+    // A worker still inside an item may have been descheduled (the machine
+    // is shared); after a short spin, yield so it can run on this core.
+    for (int polls = 0; active_.load() != 0; ++polls) {
+      if (polls < 4096) {
+        SMALLM_PAUSE();
+      } else {
+        std::this_thread::yield();
+      }
+    }
   }
 
  private:
