@@ -59,8 +59,8 @@ def _assert_same_params(a, b):
 
 def _greedy(model, enc, steps=6):
   dec = np.zeros((enc.shape[0], steps + 1), np.int32)
-  for t in range(steps):
-    logits = np.asarray(model.logits(enc, dec[:, : t + 1]))
+  for t in range(steps):  # One shape: causal attention ignores later zeros.
+    logits = np.asarray(model.logits(enc, dec[:, :-1]))
     dec[:, t + 1] = logits[:, t].argmax(-1)
   return dec[:, 1:]
 

@@ -141,11 +141,15 @@ def _hf_greedy(hf, enc, max_len=MAX_LEN):
 
 
 def _greedy_loop(model, enc, max_len=MAX_LEN):
-  """Plain greedy decoding by re-scoring the whole prefix (reference)."""
+  """Plain greedy decoding by re-scoring the whole prefix (reference).
+
+  The decoder input keeps one shape (causal attention ignores the zeros
+  after position t), so it compiles once.
+  """
   dec = np.zeros((enc.shape[0], max_len + 1), np.int32)
   done = np.zeros(enc.shape[0], bool)
   for t in range(max_len):
-    logits = np.asarray(model.logits(enc, dec[:, : t + 1]))
+    logits = np.asarray(model.logits(enc, dec[:, :-1]))
     nxt = np.where(done, 0, logits[:, t].argmax(-1))
     dec[:, t + 1] = nxt
     done |= nxt == sd.EOS_ID
