@@ -330,9 +330,17 @@ class _TorchFiles:
           ' convert it to safetensors or install torch'
         ) from None
       try:
-        self._dicts[file] = torch.load(
-          file, map_location='cpu', mmap=True, weights_only=True
-        )
+        try:
+          self._dicts[file] = torch.load(
+            file, map_location='cpu', mmap=True, weights_only=True
+          )
+        except RuntimeError as e:
+          if 'mmap' not in str(e):
+            raise
+          # Pre-zipfile (torch < 1.6) files cannot be memory-mapped.
+          self._dicts[file] = torch.load(
+            file, map_location='cpu', weights_only=True
+          )
       except FileNotFoundError:
         raise FileNotFoundError(f'weights file not found: {file}') from None
       except Exception as e:

@@ -253,3 +253,20 @@ def test_pytorch_model_bin_loads_the_same_weights(pair, tmp_path):
     loaded.params,
     model.params,
   )
+
+
+def test_legacy_torch_bin_without_zipfile(pair, tmp_path):
+  """Pre-1.6 torch files cannot be memory-mapped; they still load."""
+  hf, model = pair
+  hf.config.save_pretrained(tmp_path)
+  torch.save(
+    hf.state_dict(),
+    tmp_path / 'pytorch_model.bin',
+    _use_new_zipfile_serialization=False,
+  )
+  loaded = sd.Model.load(str(tmp_path))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+    loaded.params,
+    model.params,
+  )
