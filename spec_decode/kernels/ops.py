@@ -237,3 +237,31 @@ def matmul(x: jax.Array, packed: Packed, *, use_kernel: bool | None = None,
   else:
     y = _einsum(x2, data, packed.n)
   return y.reshape(*lead, packed.n).astype(x.dtype)
+
+
+def pack_params(params, dtype=jnp.float32, min_elements: int = 0) -> dict:
+  """Packs every 2-D `kernel` in a (nested dict) parameter tree.
+
+  Returns a tree with the same nesting that holds only the packed kernels,
+  meant for a separate Flax collection (e.g. `{'params': params, 'packed':
+  pack_params(params)}`); the parameter tree itself keeps the canonical
+  `[D, N]` layout, as checkpoints do. Flax boxes (`nn.Partitioned`) are
+  unboxed first.
+
+  Args:
+    params: nested dict of arrays, e.g. `variables['params']`.
+    dtype: float32 or bfloat16, as in `pack`.
+    min_elements: leave kernels smaller than this unpacked.
+  """
+  out = {}
+  for key, value in params.items():
+    value = getattr(value, 'value', value)  # nn.Partitioned and friends
+    if isinstance(value, dict) or hasattr(value, 'items'):
+      sub = pack_params(value, dtype, min_elements)
+      if sub:
+        out[key] = sub
+    elif (key == 'kernel' and getattr(value, 'ndim', 0) == 2 and
+          value.size >= min_elements):
+      out[key] = pack(value if isinstance(value, jax.Array) else
+                      np.asarray(value), dtype)
+  return out
