@@ -187,7 +187,7 @@ def plain_decode(target: LanguageModel, encoder_tokens: jax.Array,
     logits, tgt = target.score(tgt, last)
     probs = sampler.probs(logits[:, 0])
     keys = position_keys(row_keys, (n + 1)[:, None], _SAMPLE)[:, 0]
-    token = jax.vmap(sampling.sample)(keys, probs)
+    token = jax.vmap(sampler.draw)(keys, probs)
     inputs, length, done, _ = _commit(
         state, token[:, None], jnp.ones_like(n), settings)
     return state.replace(inputs=inputs, length=length, done=done,
@@ -223,7 +223,7 @@ def _draft_block(draft: LanguageModel, draft_state, state: LoopState,
 
   def draw(logits_b, keys_b):
     q = sampler.probs(logits_b)
-    return jax.vmap(sampling.sample)(keys_b, q), q
+    return jax.vmap(sampler.draw)(keys_b, q), q
 
   x1, q1 = draw(first_logits, keys[:, 0])
 
@@ -269,7 +269,8 @@ def speculative_decode(target: LanguageModel, draft: LanguageModel,
             lambda k: jax.random.uniform(k, dtype=jnp.float32)))(
                 position_keys(row_keys, positions[:, :g], _ACCEPT)),
         bonus_keys=position_keys(row_keys, positions, _SAMPLE),
-        residual_keys=position_keys(row_keys, positions, _RESIDUAL))
+        residual_keys=position_keys(row_keys, positions, _RESIDUAL),
+        greedy=sampler.is_greedy)
     a = result.accepted
     offsets = jnp.arange(g + 1)[None]
     block = jnp.where(

@@ -88,7 +88,10 @@ class Model:
     return logical_axes(self.config)
 
   def with_params(self, params: Any) -> 'Model':
-    return Model(self.config, params, self.vocabulary)
+    """Same config and vocabulary, new weights (moved to the device once, so
+    jitted calls do not copy host arrays in on every call)."""
+    return Model(self.config, jax.tree.map(jnp.asarray, params),
+                 self.vocabulary)
 
   # -- scoring --------------------------------------------------------------
   def logits(self, encoder_tokens, decoder_input_tokens) -> jax.Array:

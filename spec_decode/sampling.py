@@ -29,6 +29,8 @@ class Sampler:
 
   def __post_init__(self):
     validate(self.temperature, self.top_k, self.top_p)
+    object.__setattr__(self, 'temperature', float(self.temperature))
+    object.__setattr__(self, 'top_p', float(self.top_p))
 
   @property
   def is_greedy(self) -> bool:
@@ -44,6 +46,16 @@ class Sampler:
     if self.top_k == 0 and self.top_p >= 1.0:
       return jax.nn.softmax(scaled, axis=-1)
     return _truncated_probs(scaled, self.top_k, self.top_p)
+
+  def draw(self, key: jax.Array, probs: jax.Array) -> jax.Array:
+    """Draws from `probs` made by this sampler: argmax when greedy.
+
+    A one-hot draw needs no randomness, and skipping the V Gumbel draws
+    matters on CPU (about 1 ms per draw for V = 32128).
+    """
+    if self.is_greedy:
+      return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    return sample(key, probs)
 
 
 def _truncated_probs(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:

@@ -85,7 +85,8 @@ class Verifier(Protocol):
 
   def __call__(self, p: jax.Array, q: jax.Array, draft_tokens: jax.Array,
                uniforms: jax.Array, bonus_keys: jax.Array,
-               residual_keys: jax.Array) -> VerifyResult:
+               residual_keys: jax.Array, greedy: bool = False) -> VerifyResult:
+    """`greedy` (static): p and q are one-hot, so draws need no noise."""
     ...
 
 
@@ -112,12 +113,18 @@ class ExactVerifier:
     if not 0.0 < self.lenience <= 1.0:
       raise ValueError(f'lenience must be in (0, 1], got {self.lenience!r}')
 
-  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys):
+  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys,
+               greedy=False):
     g = q.shape[1]
     p_x = _gather_token_probs(p[:, :g], draft_tokens)
     q_x = _gather_token_probs(q, draft_tokens)
     accepted = accepted_count(p_x, q_x, uniforms, self.lenience)
     dist = next_distribution(p, q, accepted, self.lenience)
+    if greedy:
+      # One-hot p and q give a one-hot residual or bonus distribution.
+      next_token = jnp.argmax(dist, axis=-1).astype(jnp.int32)
+      return VerifyResult(accepted=accepted, next_token=next_token,
+                          beta=beta(p[:, :g], q))
     rows = jnp.arange(p.shape[0])
     bonus = jax.vmap(sampling.sample)(bonus_keys[rows, accepted], dist)
     residual = jax.vmap(sampling.sample)(residual_keys[rows, accepted], dist)

@@ -37,9 +37,10 @@ FALSE_ALARM = 1e-3
 class ResidualDroppingVerifier:
   """Negative control: on rejection, samples p instead of the residual."""
 
-  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys):
+  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys,
+               greedy=False):
     exact = speculative.ExactVerifier()(p, q, draft_tokens, uniforms,
-                                        bonus_keys, residual_keys)
+                                        bonus_keys, residual_keys, greedy)
     rows = jnp.arange(p.shape[0])
     wrong = jax.vmap(sd.sampling.sample)(residual_keys[rows, exact.accepted],
                                          p[rows, exact.accepted])
