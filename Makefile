@@ -15,6 +15,7 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(PY) -m spec_decode.kernels.build || echo "small-M CPU kernel not built: dense layers use jnp.dot"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -26,6 +27,7 @@ demo: install
 
 bench: install
 	$(PY) -m spec_decode.main bench --out bench.json
+	$(PY) -m spec_decode.load_bench --out load_bench.json
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests

@@ -1,6 +1,20 @@
 """spec_decode: exact speculative decoding for T5 encoder-decoders in JAX."""
 
+import glob
+import os
+
 import setuptools
+
+
+def _data_files(top: str) -> list[tuple[str, list[str]]]:
+  """gin/ and configs/ ship under <prefix>/share/spec_decode/ (the library
+  finds them there when it is not run from a source checkout)."""
+  by_dir: dict[str, list[str]] = {}
+  for path in sorted(glob.glob(f'{top}/**/*.gin', recursive=True)):
+    target = os.path.join('share', 'spec_decode', os.path.dirname(path))
+    by_dir.setdefault(target, []).append(path)
+  return sorted(by_dir.items())
+
 
 _CORE = [
     'jax==0.10.2',
@@ -28,7 +42,12 @@ _EXTRAS = {
     # The CPU wheel of torch 2.13.0 lies on the build machines' disk.
     'hf': ['torch==2.13.0', 'transformers>=5,<6'],
     'metrics': ['sacrebleu>=2.4', 'rouge-score>=0.1.2'],
-    'seqio': ['seqio>=0.0.19', 'tensorflow>=2.16', 'tensorflow-text>=2.16'],
+    'seqio': [
+        'seqio>=0.0.19',
+        'tensorflow>=2.16',
+        'tensorflow-text>=2.16',
+        'tensorflow-datasets>=4.9',
+    ],
 }
 _EXTRAS['all'] = sorted({d for deps in _EXTRAS.values() for d in deps})
 
@@ -41,6 +60,8 @@ setuptools.setup(
     ),
     python_requires='>=3.10',
     packages=setuptools.find_packages(include=['spec_decode', 'spec_decode.*']),
+    package_data={'spec_decode.kernels': ['*.cc']},
+    data_files=_data_files('gin') + _data_files('configs'),
     install_requires=_CORE,
     extras_require=_EXTRAS,
     entry_points={'console_scripts': ['spec-decode=spec_decode.main:run']},

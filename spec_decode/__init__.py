@@ -1,5 +1,7 @@
 """spec_decode: exact speculative decoding for T5 encoder-decoders in JAX."""
 
+from spec_decode import drafters
+from spec_decode.checkpoints import CheckpointError
 from spec_decode.config import EOS_ID, PAD_ID, T5Config
 from spec_decode.decoding import DecodeSettings
 from spec_decode.generation import GenerateOutput, SpecStats, generate
@@ -7,8 +9,10 @@ from spec_decode.models import Model
 from spec_decode.sampling import Sampler
 from spec_decode.speculative import ExactVerifier, VerifyResult
 from spec_decode.table_lm import TableLM
+from spec_decode.vocab import Vocabulary
 
 __all__ = [
+    'CheckpointError',
     'DecodeSettings',
     'EOS_ID',
     'ExactVerifier',
@@ -20,5 +24,7 @@ __all__ = [
     'T5Config',
     'TableLM',
     'VerifyResult',
+    'Vocabulary',
+    'drafters',
     'generate',
 ]

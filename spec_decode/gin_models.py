@@ -15,13 +15,22 @@ Parsing happens in isolation: gin's global configuration (what a run's own
 
 import contextlib
 import os
+import sys
 
 import gin
 from spec_decode.config import T5Config
 
-GIN_DIR = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'gin'
-)
+def _gin_dir() -> str:
+  """The repo's `gin/` (source checkout), else the installed copy."""
+  repo = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'gin'
+  )
+  if os.path.isdir(repo):
+    return repo
+  return os.path.join(sys.prefix, 'share', 'spec_decode', 'gin')
+
+
+GIN_DIR = _gin_dir()
 
 MODEL_FILES = {
   't5_1_1_small': 'models/t5_1_1/small.gin',

@@ -1,6 +1,9 @@
 """The `spec-decode` command line: one subcommand per job.
 
-  spec-decode demo     short end-to-end decode (the default with no arguments)
+  spec-decode demo     short end-to-end decode on random tiny models
+  spec-decode eval     gin-configured eval run (plain vs speculative)
+  spec-decode train    gin-configured training (the demo pair)
+  spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
   spec-decode theory   the paper's section 3 tables and figures
   spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
 """
@@ -12,6 +15,9 @@ import sys
 # `spec-decode theory` does not pay for JAX start-up, and so on.
 _COMMANDS = {
     'demo': 'spec_decode.demo',
+    'eval': 'spec_decode.eval_cli',
+    'train': 'spec_decode.train',
+    'bench': 'spec_decode.bench',
     'theory': 'spec_decode.theory_cli',
     'convert': 'spec_decode.convert',
 }
