@@ -2,7 +2,7 @@
 
 from spec_decode import drafters
 from spec_decode.checkpoints import CheckpointError
-from spec_decode.config import EOS_ID, PAD_ID, T5Config
+from spec_decode.config import EOS_ID, PAD_ID, UNK_ID, T5Config
 from spec_decode.decoding import DecodeSettings
 from spec_decode.generation import GenerateOutput, SpecStats, generate
 from spec_decode.models import Model
@@ -22,6 +22,7 @@ __all__ = [
     'Sampler',
     'SpecStats',
     'T5Config',
+    'UNK_ID',
     'TableLM',
     'VerifyResult',
     'Vocabulary',

@@ -8,7 +8,9 @@ Sections (all medians over repeats, after warm-up, in one process):
      (`drafters.ControlledDraft`) at alpha in {0.5, 0.7, 0.8, 0.9}, with the
      generalized prediction E[tokens] / (gamma c + v) from measured c and v;
   4. tokens/s of plain and speculative decoding at batch 1, 4, 8, 16;
-  5. first-call compile time, and the number of recompilations after warm-up.
+  5. peer: Hugging Face transformers greedy and assisted generation against
+     ours on the same weights and inputs (`bench_peer`);
+  6. first-call compile time, and the number of recompilations after warm-up.
 Prints a Markdown table and writes JSON (`--out`).
 """
 
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import spec_decode as sd
+from spec_decode import bench_peer
 from spec_decode import decoding
 from spec_decode import drafters
 from spec_decode import theory
@@ -123,14 +126,6 @@ def _inputs(batch: int, seed: int = 0) -> np.ndarray:
   return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
 
 
-def _no_eos(model: sd.Model) -> sd.Model:
-  # Random weights: keep rows from stopping early so every decode does
-  # max_decode_len steps and timings compare like with like.
-  params = jax.tree.map(np.array, model.params)
-  params['decoder']['logits_dense']['kernel'][:, sd.EOS_ID] = -1.0
-  return model.with_params(params)
-
-
 def run(cfg: BenchConfig) -> dict[str, Any]:
   results: dict[str, Any] = {
       'machine': {'platform': platform.platform(),
@@ -142,10 +137,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
       'max_decode_len': cfg.max_decode_len,
   }
   m = cfg.max_decode_len
-  target = _no_eos(sd.Model.init(cfg.target, seed=0))
+  target = bench_peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
   draft_net = sd.Model.init(cfg.draft, seed=1)
 
-  # 5a. compile time of the first call.
+  # 6a. compile time of the first call.
   enc1 = _inputs(1)
   t0 = time.perf_counter()
   sd.generate(target, enc1, max_decode_len=m)
@@ -218,7 +213,11 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                               speedup=pt / st)
   results['batch'] = batch_rows
 
-  # 5b. recompilations after warm-up: new inputs of the same shapes.
+  # 5. peer run on the same target size, with an agreeing truncated draft.
+  results['hf'] = bench_peer.run(cfg.target, draft_layers=2, gamma=4,
+                                 max_len=m, repeats=cfg.repeats)
+
+  # 6. recompilations after warm-up: new inputs of the same shapes.
   before = (decoding.plain_decode_jit._cache_size(),
             decoding.speculative_decode_jit._cache_size())
   sd.generate(target, _inputs(1, seed=99), max_decode_len=m, seed=3)
@@ -264,6 +263,20 @@ def to_markdown(r: dict[str, Any]) -> str:
     lines.append(f"| {b} | {s['plain_tokens_per_s']:.1f} | "
                  f"{s['speculative_tokens_per_s']:.1f} | "
                  f"{s['speedup']:.2f}x |")
+  hf = r.get('hf', {})
+  if 'skipped' in hf:
+    lines += ['', f"Peer run skipped: {hf['skipped']}"]
+  elif hf:
+    lines += ['', '## Peer: Hugging Face transformers (PyTorch CPU), batch 1, '
+              f"gamma {hf['gamma']}, alpha {hf['alpha']:.2f}", '',
+              '| | plain tok/s | speculative tok/s | speedup |',
+              '|---|---|---|---|',
+              f"| ours | {hf['ours_plain_tokens_per_s']:.1f} | "
+              f"{hf['ours_tokens_per_s']:.1f} | {hf['ours_speedup']:.2f}x |",
+              f"| transformers | {hf['hf_plain_tokens_per_s']:.1f} | "
+              f"{hf['hf_tokens_per_s']:.1f} | {hf['hf_speedup']:.2f}x |", '',
+              f"ours / transformers speculative tokens/s: {hf['ratio']:.2f}; "
+              f"same greedy tokens: {hf['same_tokens_as_hf']}"]
   lines += ['', f"First plain call (compile + run): "
             f"{r['compile_seconds_plain']:.1f}s; recompilations after "
             f"warm-up: {r['recompilations']}"]

@@ -1,0 +1,146 @@
+"""Peer benchmark: our decoding against Hugging Face transformers (PyTorch).
+
+Same weights and inputs on both sides: our target and draft are exported as
+Hugging Face T5 directories and loaded with `T5ForConditionalGeneration`.
+Random weights make a random draft useless, so the pair is built to agree:
+the target's decoder layers write small residuals (their output kernels are
+scaled down) and the draft is the target's encoder, embeddings, final norm,
+logits and first decoder layers. Both implementations then see the same
+acceptance rate; each speedup is over that implementation's own greedy
+decoding. Transformers' assisted generation is batch 1 only.
+"""
+
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+import spec_decode as sd
+from spec_decode import hf_checkpoint
+
+_RESIDUAL_SCALE = 0.1
+_LOGIT_SCALE = 3.0
+
+
+def suppress_eos(model: sd.Model) -> sd.Model:
+  """Makes EOS never the argmax, so greedy decodes run to full length.
+
+  T5 has no logit bias; an EOS column equal to half of another token's
+  column gives an EOS logit of half that token's, below the maximum logit
+  whenever the maximum is positive (always, over tens of thousands of random
+  logits). Both frameworks then decode the same full-length sequences.
+  """
+  params = jax.tree.map(np.array, model.params)
+  kernel = params['decoder']['logits_dense']['kernel']
+  kernel[:, sd.EOS_ID] = 0.5 * kernel[:, sd.UNK_ID]
+  return model.with_params(params)
+
+
+def agreeable_pair(cfg: sd.T5Config, draft_layers: int,
+                   seed: int = 0) -> tuple[sd.Model, sd.Model]:
+  """A random target and a truncated copy of it that agrees often."""
+  target = sd.Model.init(cfg, seed=seed)
+  params = jax.tree.map(np.array, target.params)
+  dec = params['decoder']
+  for i in range(cfg.num_decoder_layers):
+    layer = dec[f'layers_{i}']
+    for attn in ('self_attention', 'encoder_decoder_attention'):
+      layer[attn]['out']['kernel'] *= _RESIDUAL_SCALE
+    layer['mlp']['wo']['kernel'] *= _RESIDUAL_SCALE
+  dec['logits_dense']['kernel'] *= _LOGIT_SCALE
+  target = suppress_eos(target.with_params(params))
+  params = target.params
+  draft_params = {
+      'token_embedder': params['token_embedder'],
+      'encoder': params['encoder'],
+      'decoder': {k: v for k, v in dec.items()
+                  if not k.startswith('layers_') or
+                  int(k.split('_')[1]) < draft_layers},
+  }
+  draft = sd.Model(cfg.replace(num_decoder_layers=draft_layers),
+                   None).with_params(draft_params)
+  return target, draft
+
+
+def _median(fn, repeats: int) -> float:
+  fn()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def run(cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int,
+        repeats: int) -> dict[str, Any]:
+  """Tokens/s of greedy and speculative decoding, ours and transformers'."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    return {'skipped': f'transformers/torch not installed ({e})'}
+  target, draft = agreeable_pair(cfg, draft_layers)
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(3, 1000, (1, 24)).astype(np.int32)
+
+  ours_plain = sd.generate(target, inputs, max_decode_len=max_len)
+  ours_spec = sd.generate(target, inputs, draft=draft, gamma=gamma,
+                          max_decode_len=max_len)
+  t_plain = _median(lambda: sd.generate(target, inputs,
+                                        max_decode_len=max_len), repeats)
+  t_spec = _median(lambda: sd.generate(target, inputs, draft=draft,
+                                       gamma=gamma, max_decode_len=max_len),
+                   repeats)
+
+  torch.set_num_threads(max(1, torch.get_num_threads()))
+  with tempfile.TemporaryDirectory() as tmp:
+    hf_checkpoint.save_safetensors(target, f'{tmp}/target')
+    hf_checkpoint.save_safetensors(draft, f'{tmp}/draft')
+    hf_target = transformers.T5ForConditionalGeneration.from_pretrained(
+        f'{tmp}/target').eval()
+    hf_draft = transformers.T5ForConditionalGeneration.from_pretrained(
+        f'{tmp}/draft').eval()
+  ids = torch.tensor(inputs, dtype=torch.long)
+  mask = torch.ones_like(ids)
+  # Resuming an encoder-decoder from its cache needs the decoder inputs and
+  # their mask passed explicitly, or the assistant's guesses are discarded.
+  common = dict(input_ids=ids, attention_mask=mask,
+                decoder_input_ids=torch.zeros((1, 1), dtype=torch.long),
+                decoder_attention_mask=torch.ones((1, 1), dtype=torch.long),
+                max_new_tokens=max_len, min_new_tokens=max_len,
+                do_sample=False, num_beams=1)
+
+  def hf_plain():
+    with torch.no_grad():
+      return hf_target.generate(**common)
+
+  def hf_assisted():
+    with torch.no_grad():
+      return hf_target.generate(
+          **common, assistant_model=hf_draft, num_assistant_tokens=gamma,
+          num_assistant_tokens_schedule='constant')
+
+  hf_greedy = hf_plain().numpy()[0, 1:]
+  hf_assist = hf_assisted().numpy()[0, 1:]
+  th_plain = _median(hf_plain, repeats)
+  th_assist = _median(hf_assisted, repeats)
+  ours_tps = max_len / t_spec
+  hf_tps = max_len / th_assist
+  return dict(
+      gamma=gamma, max_decode_len=max_len, draft_layers=draft_layers,
+      alpha=ours_spec.stats.alpha,
+      same_tokens_as_hf=bool((ours_plain.tokens[0] == hf_greedy).all()),
+      hf_assisted_equals_hf_greedy=bool((hf_assist == hf_greedy).all()),
+      ours_plain_tokens_per_s=max_len / t_plain,
+      ours_tokens_per_s=ours_tps,
+      hf_plain_tokens_per_s=max_len / th_plain,
+      hf_tokens_per_s=hf_tps,
+      ratio=ours_tps / hf_tps,
+      ours_speedup=t_plain / t_spec,
+      hf_speedup=th_plain / th_assist,
+      torch_threads=torch.get_num_threads(),
+      transformers=transformers.__version__)
