@@ -1,7 +1,8 @@
 """`spec-decode eval`: a gin-configured eval run, in the manner of T5X's eval.
 
     spec-decode eval --gin_file=configs/table2_ende_small_t0.gin \\
-        --gin.TARGET_CHECKPOINT="'/ckpt/t5_1_1_xxl'" --gin.GAMMA=7 \\
+        --gin.TARGET_CHECKPOINT=/ckpt/xxl --gin.DRAFT_CHECKPOINT=/ckpt/small \\
+        --gin.VOCABULARY=/ckpt/sentencepiece.model --gin.GAMMA=[3,5,7] \\
         --output_dir=/tmp/ende_small_t0
 
 With no `--gin_file` it runs the embedded default,
@@ -96,9 +97,8 @@ def binding_from_flag(flag: str) -> str:
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
     prog='spec-decode eval',
-    description='Plain vs speculative decoding of a task split.',
-    epilog='--gin.NAME=VALUE adds a gin binding. See the module docstring '
-    'of spec_decode.eval_cli.',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   p.add_argument('--gin_file', action='append', default=[])
   p.add_argument('--gin_bindings', action='append', default=[])

@@ -283,6 +283,7 @@ def write_plots(r: dict[str, Any], output_dir: str) -> None:
     ]:
       ax.plot(gs, [s[key] for s in r['sweep']], style, label=label)
     ax.axhline(1.0, color='gray', lw=0.8)
+    ax.set_xticks(gs)
     ax.set_xlabel('γ')
     ax.set_ylabel('speedup over plain decoding')
     ax.set_title(f'{r["task"]}, temperature {r["temperature"]:g}')
