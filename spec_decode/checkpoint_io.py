@@ -104,6 +104,7 @@ def assemble_params(
   config: T5Config,
   source: TensorSource,
   progress: Callable[[Iterator], Iterator] | None = None,
+  shardings: dict[str, Any] | None = None,
 ) -> Any:
   """Reads `source` into a parameter tree of `config.param_dtype` arrays.
 
@@ -112,9 +113,12 @@ def assemble_params(
       the result.
     source: the checkpoint's tensors.
     progress: optional wrapper of the name iterator (e.g. `tqdm`).
+    shardings: optional name (`'a/b/kernel'`) -> `jax.sharding.Sharding`;
+      each tensor is put straight into its shards as it is read
+      (`Partitioner.param_shardings_flat`).
 
   Returns:
-    The nested parameter dict, on the default device.
+    The nested parameter dict, on the default device or in its shards.
 
   Raises:
     CheckpointError: names or shapes disagree with `config`.
@@ -131,7 +135,7 @@ def assemble_params(
         f'{source.description}: {name} read as {arr.dtype}{arr.shape}, '
         f'expected {dtype}{want[name]}'
       )
-    flat[name] = jax.device_put(arr)
+    flat[name] = jax.device_put(arr, shardings[name] if shardings else None)
     del arr
   return flax.traverse_util.unflatten_dict(flat, sep='/')
 

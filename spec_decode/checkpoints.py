@@ -83,6 +83,7 @@ def load(
   gin_file: str | None = None,
   vocabulary: vocab_lib.Vocabulary | None = None,
   progress: bool = False,
+  partitioner: Any = None,
 ):
   """Loads a `Model` from any supported checkpoint directory.
 
@@ -98,6 +99,8 @@ def load(
       hyperparameters, instead of `config`.
     vocabulary: overrides (or supplies, for T5X) the vocabulary.
     progress: show a tqdm progress bar over tensors.
+    partitioner: a `Partitioner`: each tensor is restored straight into its
+      shards, and the model carries the partitioner.
 
   Returns:
     A `Model`.
@@ -117,15 +120,20 @@ def load(
     config = gin_models.config_from_gin(gin_file)
   fmt, directory = detect_format(path)
   wrap = _progress_bar(directory) if progress else None
+  shardings = lambda cfg: (
+    partitioner.param_shardings_flat(cfg) if partitioner else None
+  )
   if fmt == ORBAX:
     stored, vocab = _read_ours(directory)
     config = _with_dtype(config or stored, dtype)
-    params = _restore_orbax(directory, config, wrap)
+    params = _restore_orbax(directory, config, wrap, shardings(config))
   elif fmt == HUGGING_FACE:
     stored, scaled = hf_checkpoint.load_hf_config(directory)
     config = _with_dtype(config or stored, dtype)
     source = hf_checkpoint.HFSource(directory, config, scaled)
-    params = checkpoint_io.assemble_params(config, source, wrap)
+    params = checkpoint_io.assemble_params(
+      config, source, wrap, shardings(config)
+    )
     vocab = hf_checkpoint.load_vocabulary(directory)
   else:
     if config is None:
@@ -135,10 +143,14 @@ def load(
       )
     config = _with_dtype(config, dtype)
     source = t5x_checkpoint.T5XSource(directory)
-    params = checkpoint_io.assemble_params(config, source, wrap)
+    params = checkpoint_io.assemble_params(
+      config, source, wrap, shardings(config)
+    )
     vocab = None
   vocab = vocabulary if vocabulary is not None else vocab
   _check_vocab_fits(vocab, config, directory)
+  if partitioner is not None:
+    return models.Model(config, params, vocab, partitioner=partitioner)
   return models.Model(config, params, vocab)
 
 
@@ -181,9 +193,15 @@ def _read_ours(directory: str):
 
 
 def _restore_orbax(
-  directory: str, config: T5Config, progress: Callable | None = None
+  directory: str,
+  config: T5Config,
+  progress: Callable | None = None,
+  shardings: dict[str, Any] | None = None,
 ) -> Any:
-  """Restores layer by layer: orbax would read every array at once."""
+  """Restores layer by layer: orbax would read every array at once.
+
+  With `shardings` (name -> `Sharding`) each array is read into its shards.
+  """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   params_dir = os.path.abspath(os.path.join(directory, PARAMS_DIR))
@@ -199,7 +217,8 @@ def _restore_orbax(
   }
   checkpoint_io.check_shapes(config, found, params_dir)
   dtype = np.dtype(config.param_dtype)
-  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  sharding_of = lambda name: shardings[name] if shardings else single
   groups = {}
   for name, shape in checkpoint_io.expected_shapes(config).items():
     group = '/'.join(name.split('/')[:2])  # e.g. encoder/layers_3
@@ -210,13 +229,13 @@ def _restore_orbax(
   for group in progress(names) if progress else names:
     item = _nest(
       {
-        n: jax.ShapeDtypeStruct(s, dtype, sharding=sharding)
+        n: jax.ShapeDtypeStruct(s, dtype, sharding=sharding_of(n))
         for n, s in groups[group].items()
       }
     )
     restore_args = jax.tree.map(
       lambda x: ocp.ArrayRestoreArgs(
-        dtype=dtype, sharding=sharding, global_shape=x.shape
+        dtype=dtype, sharding=x.sharding, global_shape=x.shape
       ),
       item,
     )

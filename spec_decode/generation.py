@@ -7,9 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import decoding
-from spec_decode import sampling
-from spec_decode import speculative
+from spec_decode import decoding, multihost, partitioning, sampling, speculative
 from spec_decode.config import EOS_ID
 from spec_decode.protocol import LanguageModel
 
@@ -150,6 +148,14 @@ def generate(model: LanguageModel, encoder_tokens: Any,
     eos_id: end-of-sequence id.
     verifier: Algorithm 1 variant; default `ExactVerifier()`.
 
+  Sharded models (`Model.init/load(..., partitioner=p)`) decode sharded: the
+  rows go on the mesh's `data` axis (padded to a multiple of its size with
+  copies of the last row, dropped again from the results), an unsharded
+  draft is replicated on the mesh, and the loop is one program over all
+  devices. On several hosts, pass the global array of
+  `multihost.global_batch` as `encoder_tokens`; every host gets the whole
+  result.
+
   Returns:
     `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
   """
@@ -162,21 +168,60 @@ def generate(model: LanguageModel, encoder_tokens: Any,
       max_decode_len, (int, np.integer)) or max_decode_len < 1:
     raise ValueError(f'max_decode_len must be an int >= 1, got '
                      f'{max_decode_len!r}')
-  tokens = _check_tokens(encoder_tokens, model.vocab_size)
+  spans_hosts = multihost.is_global(encoder_tokens)
+  tokens = _check_tokens(multihost.local_data(encoder_tokens),
+                         model.vocab_size)
   if draft is not None:
     check_pair(model, draft)
-  keys = row_keys(seed, tokens.shape[0])
+  batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
+  keys = row_keys(seed, batch)
   settings = decoding.DecodeSettings(
       max_decode_len=int(max_decode_len), sampler=sampler,
       gamma=int(gamma) if draft is not None else 1,
       verifier=verifier or speculative.ExactVerifier(), eos_id=eos_id)
-  enc = jnp.asarray(tokens)
+  partitioner = partitioning.partitioner_of(model, draft)
+  if partitioner is not None:
+    model, draft = partitioner.place(model), partitioner.place(draft)
+    enc, keys = _sharded_inputs(
+        partitioner, encoder_tokens if spans_hosts else tokens, keys)
+  elif spans_hosts:
+    raise ValueError('encoder_tokens span several hosts: the models must be '
+                     'sharded (Model.init/load(..., partitioner=...))')
+  else:
+    enc = jnp.asarray(tokens)
   if draft is None:
-    out, lengths = decoding.plain_decode_jit(model, enc, keys,
-                                             settings=settings)
-    return GenerateOutput(np.asarray(out), np.asarray(lengths), None)
-  out, lengths, counters = decoding.speculative_decode_jit(
-      model, draft, enc, keys, settings=settings)
-  lengths = np.asarray(lengths)
-  return GenerateOutput(np.asarray(out), lengths,
+    out, lengths = multihost.to_host(decoding.plain_decode_jit(
+        model, enc, keys, settings=settings))
+    return GenerateOutput(out[:batch], lengths[:batch], None)
+  out, lengths, counters = multihost.to_host(decoding.speculative_decode_jit(
+      model, draft, enc, keys, settings=settings))
+  counters = jax.tree.map(lambda x: x[:batch], counters)
+  lengths = lengths[:batch]
+  return GenerateOutput(out[:batch], lengths,
                         SpecStats.from_counters(counters, lengths))
+
+
+def _sharded_inputs(partitioner: partitioning.Partitioner, tokens: Any,
+                    keys: jax.Array):
+  """Encoder tokens and row keys with the batch on `data`.
+
+  Pads the batch to a multiple of the `data` size with copies of the last
+  row (and its seed); rows are independent, so the real rows' results do
+  not change. A batch spanning hosts must already be a multiple.
+  """
+  batch = tokens.shape[0]
+  padded = partitioner.padded_batch(batch)
+  if padded != batch:
+    if multihost.is_global(tokens):
+      raise ValueError(f'a batch of {batch} rows spanning hosts must be a '
+                       f'multiple of the data axis ({partitioner.data_size})')
+    extra = padded - batch
+    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], extra, 0)])
+    keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])
+  key_data = partitioner.shard_batch(np.asarray(jax.random.key_data(keys)))
+  keys = jax.random.wrap_key_data(key_data, impl=jax.random.key_impl(keys))
+  if multihost.is_global(tokens):
+    enc = jax.device_put(tokens, partitioner.batch_sharding(2))
+  else:
+    enc = partitioner.shard_batch(tokens)
+  return enc, keys

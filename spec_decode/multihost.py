@@ -1,0 +1,170 @@
+"""Multi-host runs (TPU pods): start-up, per-host input slices, gathering.
+
+On a pod slice every host (process) runs the same program. Each host
+
+  1. calls `initialize()` before anything else touches JAX (it connects the
+     processes with `jax.distributed.initialize()`; on one host it does
+     nothing),
+  2. reads only its slice of each global batch (`local_batch_slice`) and
+     turns it into one global array sharded on the mesh's `data` axis
+     (`global_batch`, `jax.make_array_from_process_local_data`),
+  3. decodes (one jitted program over all hosts' devices), and
+  4. gathers the results once per batch (`to_host`:
+     `multihost_utils.process_allgather` when the array spans hosts).
+
+Everything here also works in a single process, where local means global.
+"""
+
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+# Set (to 1) by `launch_tpu.sh` on every worker of a TPU VM.
+MULTIHOST_ENV = 'SPEC_DECODE_MULTIHOST'
+
+_log = logging.getLogger(__name__)
+
+
+def _requested(coordinator_address: str | None) -> bool:
+  """Whether the environment asks for a multi-process start."""
+  if coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS'):
+    return True
+  if os.environ.get(MULTIHOST_ENV, '').lower() in ('1', 'true', 'yes'):
+    return True
+  # Cloud TPU runtimes list the hosts of a slice; one host needs nothing.
+  hosts = os.environ.get('TPU_WORKER_HOSTNAMES', '')
+  return len([h for h in hosts.split(',') if h.strip()]) > 1
+
+
+def is_initialized() -> bool:
+  """Whether `jax.distributed` is up in this process."""
+  is_init = getattr(jax.distributed, 'is_initialized', None)
+  if is_init is not None:
+    return bool(is_init())
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client is not None
+
+
+def initialize(coordinator_address: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None,
+               enabled: bool | None = None) -> bool:
+  """Connects the hosts of a pod; a no-op on a single host.
+
+  Must run before the first JAX computation. Calls
+  `jax.distributed.initialize` (which finds the coordinator, the process
+  count and this process's id from the TPU metadata when not given) when
+  `enabled`, or, with `enabled=None`, when any of these is set: a
+  coordinator address (argument or `JAX_COORDINATOR_ADDRESS`),
+  `SPEC_DECODE_MULTIHOST=1`, or a `TPU_WORKER_HOSTNAMES` listing more than
+  one host. Calling it again is harmless.
+
+  Args:
+    coordinator_address: `host:port` of process 0, if not auto-detected.
+    num_processes: number of processes, if not auto-detected.
+    process_id: this process's id, if not auto-detected.
+    enabled: force (True) or skip (False) the distributed start.
+
+  Returns:
+    True when `jax.distributed` is initialized afterwards.
+  """
+  if enabled is None:
+    enabled = _requested(coordinator_address)
+  if not enabled:
+    return False
+  if is_initialized():
+    return True
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes,
+                             process_id=process_id)
+  _log.info('process %d of %d, %d local devices of %d',
+            jax.process_index(), jax.process_count(),
+            jax.local_device_count(), jax.device_count())
+  return True
+
+
+def local_batch_slice(global_batch: int,
+                      process_index: int | None = None,
+                      process_count: int | None = None) -> slice:
+  """The rows of a global batch this host feeds, as a contiguous slice.
+
+  Hosts feed equal consecutive blocks in process order, which is how
+  `jax.make_array_from_process_local_data` assembles a batch sharded on
+  `data` when each host's devices hold consecutive rows (true for meshes
+  built by `Partitioner` on TPU slices and on CPU).
+
+  Raises:
+    ValueError: `global_batch` does not split evenly over the hosts.
+  """
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if global_batch % count:
+    raise ValueError(f'global batch {global_batch} does not split over '
+                     f'{count} hosts; pad it to a multiple of {count}')
+  per_host = global_batch // count
+  return slice(index * per_host, (index + 1) * per_host)
+
+
+def global_batch(partitioner, local_rows: Any,
+                 global_batch_size: int | None = None) -> jax.Array:
+  """This host's rows `[b, ...]` -> the global array `[B, ...]` on `data`.
+
+  Args:
+    partitioner: a `spec_decode.Partitioner` (its mesh and batch rule).
+    local_rows: this host's rows (numpy), e.g.
+      `full_batch[local_batch_slice(B)]` or rows read from this host's data
+      shard.
+    global_batch_size: B; default `b * process_count()`.
+
+  Returns:
+    A `jax.Array` of the global shape, batch sharded on `data`, each host's
+    devices holding the rows that host fed.
+  """
+  local_rows = np.asarray(local_rows)
+  shape = None
+  if global_batch_size is not None:
+    shape = (global_batch_size,) + local_rows.shape[1:]
+  return jax.make_array_from_process_local_data(
+      partitioner.batch_sharding(local_rows.ndim), local_rows, shape)
+
+
+def is_global(x: Any) -> bool:
+  """Whether `x` is a `jax.Array` with shards on other hosts."""
+  return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def local_data(x: Any) -> np.ndarray:
+  """The rows of `x` this host holds (all of `x` unless it spans hosts).
+
+  For a global array: the addressable shards' rows, deduplicated by batch
+  offset and concatenated in order (used for input validation).
+  """
+  if not is_global(x):
+    return np.asarray(x)
+  blocks = {}
+  for shard in x.addressable_shards:
+    start = (shard.index[0].start or 0) if shard.index else 0
+    blocks.setdefault(start, np.asarray(shard.data))
+  return np.concatenate([blocks[k] for k in sorted(blocks)], axis=0)
+
+
+def to_host(tree: Any) -> Any:
+  """Every leaf as a numpy array of its global value, on every host.
+
+  One `process_allgather` for the leaves that span hosts (call it once per
+  batch, on the final outputs); other leaves are simply copied to the host.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  spread = [i for i, x in enumerate(leaves) if is_global(x)]
+  out = [None if i in spread else np.asarray(x)
+         for i, x in enumerate(leaves)]
+  if spread:
+    gathered = multihost_utils.process_allgather(
+        [leaves[i] for i in spread], tiled=True)
+    for i, value in zip(spread, gathered, strict=True):
+      out[i] = np.asarray(value)
+  return jax.tree.unflatten(treedef, out)
