@@ -1,11 +1,13 @@
 """spec_decode: exact speculative decoding for T5 encoder-decoders in JAX."""
 
 from spec_decode import drafters
+from spec_decode import multihost
 from spec_decode.checkpoints import CheckpointError
 from spec_decode.config import EOS_ID, PAD_ID, UNK_ID, T5Config
 from spec_decode.decoding import DecodeSettings
 from spec_decode.generation import GenerateOutput, SpecStats, generate
 from spec_decode.models import Model
+from spec_decode.partitioning import Partitioner
 from spec_decode.sampling import Sampler
 from spec_decode.speculative import ExactVerifier, VerifyResult
 from spec_decode.table_lm import TableLM
@@ -19,6 +21,7 @@ __all__ = [
     'GenerateOutput',
     'Model',
     'PAD_ID',
+    'Partitioner',
     'Sampler',
     'SpecStats',
     'T5Config',
@@ -27,5 +30,6 @@ __all__ = [
     'VerifyResult',
     'Vocabulary',
     'drafters',
+    'multihost',
     'generate',
 ]

@@ -22,6 +22,8 @@ _COMMANDS = {
     'convert': 'spec_decode.convert',
 }
 _DEFAULT = 'demo'
+# Jobs that may run on a TPU pod: every host joins before JAX is used.
+_MULTIHOST = ('eval', 'bench', 'train')
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -34,6 +36,9 @@ def run(argv: list[str] | None = None) -> int:
     print(f'spec-decode: unknown command {command!r}; one of '
           f'{", ".join(sorted(_COMMANDS))}', file=sys.stderr)
     return 2
+  if command in _MULTIHOST:
+    from spec_decode import multihost  # pylint: disable=g-import-not-at-top
+    multihost.initialize()
   module = importlib.import_module(_COMMANDS[command])
   return int(module.main(argv) or 0)
 
