@@ -40,6 +40,10 @@ class T5Config:
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
   param_dtype: Any = jnp.float32  # Storage dtype of the weights.
+  # Decoding on the CPU backend multiplies the decoder's weights with the
+  # small-K kernel (`spec_decode.kernels`) when it is built for this machine
+  # (`Model` packs them at construction); False keeps `jnp.dot` everywhere.
+  cpu_kernel: bool = True
 
   def __post_init__(self):
     object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))

@@ -2,6 +2,16 @@
 
 A `Model` is a pytree: the parameter tree is its leaves; the config and the
 vocabulary are static aux data. Decoding loops take it as a jit argument.
+
+On the CPU backend a `Model` also carries the decoder's weights packed for
+the small-K matmul kernel (`spec_decode.kernels`): a second child of the
+pytree (so a jit argument, never a baked-in constant), applied as the Flax
+collection `'packed'`. It is built when the model is constructed, if
+`config.cpu_kernel` is on, the default backend is the CPU and the kernel
+library is available (`SPEC_DECODE_KERNEL=0` turns it off), or explicitly
+by `pack_for_cpu()`. Only decoding (`init_state`/`score`) uses it; teacher
+forcing and the encoder (many rows at once) keep `jnp.dot`. The parameter
+tree, and so every checkpoint, keeps the canonical layout.
 """
 
 import functools
@@ -35,20 +45,45 @@ class T5DecodeState:
 
 @jax.tree_util.register_pytree_node_class
 class Model:
-  """T5 encoder-decoder weights plus config (and optional vocabulary)."""
+  """T5 encoder-decoder weights plus config (and optional vocabulary).
 
-  def __init__(self, config: T5Config, params: Any, vocabulary: Any = None):
+  Attributes:
+    config: the `T5Config` (static).
+    params: the canonical parameter tree (T5X names and layouts).
+    vocabulary: optional sentencepiece vocabulary (static).
+    packed: None, or the decoder's weights packed for the CPU kernel, a
+      tree for the Flax collection `'packed'` (see `pack_decoder`).
+  """
+
+  def __init__(self, config: T5Config, params: Any, vocabulary: Any = None,
+               packed: Any = None):
+    """Wraps weights; packs them for the CPU kernel when that is on.
+
+    Args:
+      config: hyperparameters.
+      params: parameter tree.
+      vocabulary: optional vocabulary.
+      packed: packed decoder weights; None packs them here if
+        `cpu_kernel_enabled(config)` and `params` are concrete arrays.
+    """
+    if packed is None and cpu_kernel_enabled(config) and _concrete(params):
+      packed = pack_decoder(config, params)
     self.config = config
     self.params = params
     self.vocabulary = vocabulary
+    self.packed = packed
 
   # -- pytree ---------------------------------------------------------------
   def tree_flatten(self):
-    return (self.params,), (self.config, self.vocabulary)
+    return (self.params, self.packed), (self.config, self.vocabulary)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    return cls(aux[0], children[0], aux[1])
+    # Not through __init__: never packs (the leaves may be tracers).
+    model = object.__new__(cls)
+    model.config, model.vocabulary = aux
+    model.params, model.packed = children
+    return model
 
   def __repr__(self) -> str:
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
@@ -89,9 +124,36 @@ class Model:
 
   def with_params(self, params: Any) -> 'Model':
     """Same config and vocabulary, new weights (moved to the device once, so
-    jitted calls do not copy host arrays in on every call)."""
+    jitted calls do not copy host arrays in on every call; packed again for
+    the CPU kernel when that is on)."""
     return Model(self.config, jax.tree.map(jnp.asarray, params),
                  self.vocabulary)
+
+  # -- CPU kernel -----------------------------------------------------------
+  def pack_for_cpu(self, dtype: Any = None) -> 'Model':
+    """This model with its decoder weights packed for the small-K kernel.
+
+    Packs whatever the config, backend or environment say (off the CPU, or
+    without the library, the packed weights are multiplied by an einsum).
+
+    Args:
+      dtype: float32 or bfloat16 (half the bytes read; weights rounded);
+        default: bfloat16 if `config.param_dtype` is, else float32.
+    """
+    return Model(self.config, self.params, self.vocabulary,
+                 packed=pack_decoder(self.config, self.params, dtype))
+
+  def unpacked(self) -> 'Model':
+    """This model without packed weights: decoding uses `jnp.dot`."""
+    model = object.__new__(Model)
+    model.config, model.params = self.config, self.params
+    model.vocabulary, model.packed = self.vocabulary, None
+    return model
+
+  def _decode_variables(self) -> dict[str, Any]:
+    if self.packed is None:
+      return {'params': self.params}
+    return {'params': self.params, network.PACKED: self.packed}
 
   # -- scoring --------------------------------------------------------------
   def logits(self, encoder_tokens, decoder_input_tokens) -> jax.Array:
@@ -117,7 +179,7 @@ class Model:
   def init_state(self, encoder_tokens: jax.Array,
                  length: int) -> T5DecodeState:
     cfg = self.config
-    cross = self.module.apply({'params': self.params}, encoder_tokens,
+    cross = self.module.apply(self._decode_variables(), encoder_tokens,
                               method=network.Transformer.prepare_decoder)
     cache = cache_lib.KVCache.zeros(cfg.num_decoder_layers,
                                     encoder_tokens.shape[0], length,
@@ -126,12 +188,84 @@ class Model:
 
   def score(self, state: T5DecodeState, tokens: jax.Array):
     logits, cache = self.module.apply(
-        {'params': self.params}, tokens, state.cross, state.cache,
+        self._decode_variables(), tokens, state.cross, state.cache,
         method=network.Transformer.decode)
     return logits, state.replace(cache=cache)
 
   def rollback(self, state: T5DecodeState, index: jax.Array) -> T5DecodeState:
     return state.replace(cache=state.cache.rollback(index))
+
+
+def cpu_kernel_enabled(config: T5Config) -> bool:
+  """Whether a new `Model` of `config` packs its weights for the kernel.
+
+  True when `config.cpu_kernel` is on, JAX's default backend is the CPU and
+  the kernel library is built and loadable for this machine (and not turned
+  off by `SPEC_DECODE_KERNEL=0`).
+  """
+  if not config.cpu_kernel or jax.default_backend() != 'cpu':
+    return False
+  from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
+  return ops.available()
+
+
+def _concrete(params: Any) -> bool:
+  leaves = jax.tree.leaves(params)
+  return bool(leaves) and all(
+      isinstance(x, (np.ndarray, jax.Array)) and
+      not isinstance(x, jax.core.Tracer) for x in leaves)
+
+
+# Decoder weights `score` multiplies by, per layer (cross-attention keys and
+# values are projected once per input, from many rows: not packed).
+_DECODE_DENSE = (('self_attention', 'query'), ('self_attention', 'key'),
+                 ('self_attention', 'value'), ('self_attention', 'out'),
+                 ('encoder_decoder_attention', 'query'),
+                 ('encoder_decoder_attention', 'out'))
+
+
+def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
+  """The decoder's weights in the small-K kernel's layout.
+
+  Args:
+    config: the model's config.
+    params: its canonical parameter tree.
+    dtype: float32 or bfloat16; default: bfloat16 if `config.param_dtype`
+      is, else float32.
+
+  Returns:
+    A tree for the Flax collection `'packed'`, nested like `params`: a
+    `kernels.ops.Packed` under `kernel` for every dense layer a decoder step
+    uses, and the transposed embedding under `token_embedder/attend` when
+    the logits are tied to it.
+  """
+  from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
+  if dtype is None:
+    dtype = (jnp.bfloat16 if jnp.dtype(config.param_dtype) == jnp.bfloat16
+             else jnp.float32)
+
+  def pack(w):
+    return ops.pack(np.asarray(w), dtype)
+
+  dec = params['decoder']
+  packed_dec = {}
+  for i in range(config.num_decoder_layers):
+    layer = dec[f'layers_{i}']
+    out = {}
+    for block, name in _DECODE_DENSE:
+      out.setdefault(block, {})[name] = {
+          'kernel': pack(layer[block][name]['kernel'])}
+    out['mlp'] = {name: {'kernel': pack(sub['kernel'])}
+                  for name, sub in layer['mlp'].items()}
+    packed_dec[f'layers_{i}'] = out
+  packed = {'decoder': packed_dec}
+  if config.logits_via_embedding:
+    emb = np.asarray(params['token_embedder']['embedding'])
+    packed['token_embedder'] = {'attend': pack(emb.T)}
+  else:
+    packed_dec['logits_dense'] = {
+        'kernel': pack(dec['logits_dense']['kernel'])}
+  return packed
 
 
 def _dummy_inputs():

@@ -12,6 +12,18 @@ The decoder runs in two modes:
     index, attend to every valid slot before them, and advance the index.
 Cross-attention keys and values are computed once per input
 (`precompute_cross_attention`) and reused by every decoder call.
+
+Small-K CPU kernel: when the variables carry a `'packed'` collection (built
+by `spec_decode.models.pack_decoder`), `Dense` and `Embed.attend` multiply by
+the packed copy of their weights with `spec_decode.kernels.ops.matmul` (the
+XLA FFI kernel on the CPU backend) instead of `jnp.dot`. The kernel's row
+results are bitwise independent of how many rows are multiplied together
+(any K: the packed path never switches to another algorithm), so these
+layers compute a token's projections identically when 1 or gamma + 1
+tokens are scored. (XLA's norms and attention einsums are not bitwise
+row-stable across shapes; whole-network logits agree to float32 rounding.)
+Layers without a packed copy (the encoder, cross-attention keys and values)
+use `jnp.dot`.
 """
 
 import functools
@@ -26,8 +38,14 @@ import jax.numpy as jnp
 
 from spec_decode import cache as cache_lib
 from spec_decode.config import T5Config
+from spec_decode.kernels import ops as kernel_ops
 
 _MASK_VALUE = -1e10
+# Name of the Flax collection holding packed weights (`kernel_ops.Packed`).
+PACKED = 'packed'
+# Rows above which the packed path would switch to einsum: never, so that a
+# row's projections do not depend on the batch size or the number of tokens.
+_PACKED_MAX_K = 1 << 62
 
 
 def _param(module: nn.Module, name: str, init: Callable, shape, axes):
@@ -40,8 +58,16 @@ def _kernel_init(scale: float = 1.0, distribution: str = 'normal'):
   return nn.initializers.variance_scaling(scale, 'fan_in', distribution)
 
 
+def _packed_matmul(x: jax.Array, packed: kernel_ops.Packed) -> jax.Array:
+  return kernel_ops.matmul(x, packed, max_k=_PACKED_MAX_K)
+
+
 class Dense(nn.Module):
-  """Bias-free projection with a 2-D kernel `[in, out]` (T5X layout)."""
+  """Bias-free projection with a 2-D kernel `[in, out]` (T5X layout).
+
+  With a `'packed'` variable `kernel` (the same weights in the small-K
+  kernel's layout) it multiplies by that instead; `params` is unchanged.
+  """
 
   config: T5Config
   features: int
@@ -54,6 +80,9 @@ class Dense(nn.Module):
     dtype = self.dtype or self.config.dtype
     kernel = _param(self, 'kernel', self.init, (x.shape[-1], self.features),
                     self.kernel_axes)
+    if self.has_variable(PACKED, 'kernel'):
+      return _packed_matmul(x.astype(dtype), self.get_variable(PACKED,
+                                                               'kernel'))
     return jnp.dot(x.astype(dtype), kernel.astype(dtype))
 
 
@@ -86,6 +115,10 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, tokens, axis=0).astype(self.config.dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
+    """Tied logits `x @ embedding.T`, float32 (packed `attend` if present)."""
+    if self.has_variable(PACKED, 'attend'):
+      return _packed_matmul(x.astype(jnp.float32),
+                            self.get_variable(PACKED, 'attend'))
     return jnp.dot(x.astype(jnp.float32), self.embedding.astype(jnp.float32).T)
 
 
