@@ -53,10 +53,16 @@ class Model:
     vocabulary: optional sentencepiece vocabulary (static).
     packed: None, or the decoder's weights packed for the CPU kernel, a
       tree for the Flax collection `'packed'` (see `pack_decoder`).
+    partitioner: None, or the `spec_decode.Partitioner` (static) whose mesh
+      holds the parameters in their shards; the decode state is then
+      constrained to it (batch on `data`, heads on `model`). Sharded models
+      are never packed.
   """
 
+  partitioner: Any = None
+
   def __init__(self, config: T5Config, params: Any, vocabulary: Any = None,
-               packed: Any = None):
+               packed: Any = None, partitioner: Any = None):
     """Wraps weights; packs them for the CPU kernel when that is on.
 
     Args:
@@ -66,22 +72,25 @@ class Model:
       packed: packed decoder weights; None packs them here if
         `cpu_kernel_enabled(config)` and `params` are concrete arrays.
     """
-    if packed is None and cpu_kernel_enabled(config) and _concrete(params):
+    if (packed is None and partitioner is None and
+        cpu_kernel_enabled(config) and _concrete(params)):
       packed = pack_decoder(config, params)
     self.config = config
     self.params = params
     self.vocabulary = vocabulary
     self.packed = packed
+    self.partitioner = partitioner
 
   # -- pytree ---------------------------------------------------------------
   def tree_flatten(self):
-    return (self.params, self.packed), (self.config, self.vocabulary)
+    return (self.params, self.packed), (self.config, self.vocabulary,
+                                        self.partitioner)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
     # Not through __init__: never packs (the leaves may be tracers).
     model = object.__new__(cls)
-    model.config, model.vocabulary = aux
+    model.config, model.vocabulary, model.partitioner = aux
     model.params, model.packed = children
     return model
 
@@ -95,17 +104,21 @@ class Model:
     return network.Transformer(self.config)
 
   @classmethod
-  def init(cls, config: T5Config, seed: int = 0,
-           vocabulary: Any = None) -> 'Model':
-    """Random weights with T5X's initializers."""
-    params = _init_params(config, jax.random.key(seed))
-    return cls(config, params, vocabulary)
+  def init(cls, config: T5Config, seed: int = 0, vocabulary: Any = None,
+           partitioner: Any = None) -> 'Model':
+    """Random weights with T5X's initializers (created in their shards when
+    a `partitioner` is given; the values do not depend on it)."""
+    params = _init_params(config, jax.random.key(seed), partitioner)
+    return cls(config, params, vocabulary, partitioner=partitioner)
 
   @classmethod
-  def load(cls, path: str, **kwargs) -> 'Model':
-    """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint."""
+  def load(cls, path: str, partitioner: Any = None, **kwargs) -> 'Model':
+    """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint.
+
+    With a `partitioner`, each tensor goes straight into its shards.
+    """
     from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
-    return checkpoints.load(path, **kwargs)
+    return checkpoints.load(path, partitioner=partitioner, **kwargs)
 
   def save(self, path: str) -> None:
     """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
@@ -125,7 +138,11 @@ class Model:
   def with_params(self, params: Any) -> 'Model':
     """Same config and vocabulary, new weights (moved to the device once, so
     jitted calls do not copy host arrays in on every call; packed again for
-    the CPU kernel when that is on)."""
+    the CPU kernel when that is on; put into their shards when sharded)."""
+    if self.partitioner is not None:
+      return Model(self.config,
+                   self.partitioner.put_params(self.config, params),
+                   self.vocabulary, partitioner=self.partitioner)
     return Model(self.config, jax.tree.map(jnp.asarray, params),
                  self.vocabulary)
 
@@ -184,13 +201,18 @@ class Model:
     cache = cache_lib.KVCache.zeros(cfg.num_decoder_layers,
                                     encoder_tokens.shape[0], length,
                                     cfg.num_heads, cfg.head_dim, cfg.dtype)
-    return T5DecodeState(cross=cross, cache=cache)
+    return self._constrain(T5DecodeState(cross=cross, cache=cache))
 
   def score(self, state: T5DecodeState, tokens: jax.Array):
     logits, cache = self.module.apply(
         self._decode_variables(), tokens, state.cross, state.cache,
         method=network.Transformer.decode)
-    return logits, state.replace(cache=cache)
+    return logits, self._constrain(state.replace(cache=cache))
+
+  def _constrain(self, state: T5DecodeState) -> T5DecodeState:
+    if self.partitioner is None:
+      return state
+    return self.partitioner.constrain_state(state)
 
   def rollback(self, state: T5DecodeState, index: jax.Array) -> T5DecodeState:
     return state.replace(cache=state.cache.rollback(index))
@@ -272,10 +294,14 @@ def _dummy_inputs():
   return jnp.ones((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
 
 
-def _init_params(config: T5Config, key: jax.Array) -> Any:
+def _init_params(config: T5Config, key: jax.Array,
+                 partitioner: Any = None) -> Any:
   module = network.Transformer(config)
-  variables = jax.jit(module.init)(key, *_dummy_inputs())
-  return nn.meta.unbox(variables['params'])
+  if partitioner is None:
+    variables = jax.jit(module.init)(key, *_dummy_inputs())
+    return nn.meta.unbox(variables['params'])
+  init = lambda k: nn.meta.unbox(module.init(k, *_dummy_inputs())['params'])
+  return jax.jit(init, out_shardings=partitioner.param_shardings(config))(key)
 
 
 @functools.lru_cache(maxsize=32)
