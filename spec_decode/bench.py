@@ -11,6 +11,8 @@ Sections (all medians over repeats, after warm-up, in one process):
   5. peer: Hugging Face transformers greedy and assisted generation against
      ours on the same weights and inputs (`bench_peer`);
   6. first-call compile time, and the number of recompilations after warm-up.
+  7. (`--kernel`) sections 1-3 again with the small-K CPU kernel on and off
+     (`spec_decode.kernels`), same run, under the JSON key `kernel`.
 Prints a Markdown table and writes JSON (`--out`).
 """
 
@@ -31,6 +33,7 @@ from spec_decode import bench_peer
 from spec_decode import decoding
 from spec_decode import drafters
 from spec_decode import theory
+from spec_decode.kernels import ops as kernel_ops
 
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
 
@@ -232,6 +235,103 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
   return results
 
 
+def _kernel_setting(model: sd.Model, on: bool) -> sd.Model:
+  if not on:
+    return model.unpacked()
+  return model if model.packed is not None else model.pack_for_cpu()
+
+
+def kernel_sections(cfg: BenchConfig, settings: tuple[str, ...]
+                    ) -> dict[str, Any]:
+  """Sections 1-3 (plain efficiency, v(k), controlled acceptance) per kernel
+  setting ('on': packed weights and the small-K kernel, 'off': jnp.dot), on
+  the same models, inputs and reference in one process."""
+  m = cfg.max_decode_len
+  base = bench_peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
+  draft_base = sd.Model.init(cfg.draft, seed=1)
+  enc1 = _inputs(1)
+  bandwidth = copy_bandwidth(cfg.copy_mb, cfg.repeats)
+  step_bytes = decoder_step_bytes(base)
+  out: dict[str, Any] = {'info': kernel_ops.info(),
+                         'copy_bandwidth_gb_s': bandwidth / 1e9,
+                         'decoder_weight_bytes_per_step': step_bytes}
+  reference = None
+  for name in settings:
+    on = name == 'on'
+    if on and not kernel_ops.available():
+      out[name] = {'skipped': 'kernel unavailable'}
+      continue
+    target = _kernel_setting(base, on)
+    draft_net = _kernel_setting(draft_base, on)
+    plain_time, plain = _timed_generate(cfg.repeats, model=target,
+                                        encoder_tokens=enc1, max_decode_len=m)
+    step_time = plain_time / int(plain.lengths.max())
+    t_times = step_times(target, cfg.ks, cfg.repeats)
+    d_times = step_times(draft_net, (1,), cfg.repeats)
+    v = {k: t_times[k] / t_times[1] for k in cfg.ks if k > 1}
+    c = d_times[1] / t_times[1]
+    if reference is None:
+      reference = sd.generate(target, enc1,
+                              max_decode_len=m + max(cfg.ks) + 2).tokens
+    v_of_k = {1: 1.0, **v}
+    speedups = {}
+    for alpha in ALPHAS:
+      gamma, _ = theory.choose_gamma(alpha, c, v_of_k,
+                                     max_gamma=max(cfg.ks) - 1)
+      gamma = int(gamma)
+      draft = drafters.ControlledDraft(
+          inner=draft_net, reference=jnp.asarray(reference),
+          alpha=jnp.float32(alpha), key=jax.random.key(17))
+      spec_time, spec = _timed_generate(
+          cfg.repeats, model=target, encoder_tokens=enc1, draft=draft,
+          gamma=gamma, max_decode_len=m)
+      assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
+      a_hat = spec.stats.alpha
+      predicted = float(theory.walltime_improvement(a_hat, gamma, c,
+                                                    v_of_k[gamma + 1]))
+      speedups[str(alpha)] = dict(
+          gamma=gamma, alpha_measured=a_hat, measured=plain_time / spec_time,
+          predicted=predicted, spec_seconds=spec_time)
+    out[name] = dict(
+        plain_seconds=plain_time, plain_step_seconds=step_time,
+        plain_weight_read_gb_s=step_bytes / step_time / 1e9,
+        copy_bandwidth_fraction=step_bytes / step_time / bandwidth,
+        v={str(k): r for k, r in v.items()}, c=c,
+        target_step_seconds=t_times[1], draft_step_seconds=d_times[1],
+        speedup=speedups)
+  return out
+
+
+def kernel_markdown(r: dict[str, Any]) -> str:
+  """Sections 1-3 side by side for the kernel settings in `r`."""
+  runs = {n: s for n, s in r.items()
+          if n in ('on', 'off') and 'skipped' not in s}
+  lines = ['## Small-K CPU kernel on vs off', '',
+           f"kernel: {r['info']}; copy bandwidth "
+           f"{r['copy_bandwidth_gb_s']:.1f} GB/s; decoder weights "
+           f"{r['decoder_weight_bytes_per_step'] / 1e9:.3f} GB/step", '']
+  if not runs:
+    return '\n'.join(lines + ['(no setting measured)'])
+  ks = list(next(iter(runs.values()))['v'])
+  lines += ['| kernel | step ms | weights GB/s | copy fraction | c | ' +
+            ' | '.join(f'v({k})' for k in ks) + ' |',
+            '|---|---|---|---|---|' + '---|' * len(ks)]
+  for n, s in runs.items():
+    lines.append(
+        f"| {n} | {s['plain_step_seconds'] * 1e3:.1f} | "
+        f"{s['plain_weight_read_gb_s']:.1f} | "
+        f"{s['copy_bandwidth_fraction']:.0%} | {s['c']:.3f} | " +
+        ' | '.join(f'{x:.2f}' for x in s['v'].values()) + ' |')
+  lines += ['', '| kernel | alpha | gamma | alpha measured | measured | '
+            'predicted E/(γc+v) |', '|---|---|---|---|---|---|']
+  for n, s in runs.items():
+    for a, x in s['speedup'].items():
+      lines.append(f"| {n} | {a} | {x['gamma']} | "
+                   f"{x['alpha_measured']:.3f} | {x['measured']:.2f}x | "
+                   f"{x['predicted']:.2f}x |")
+  return '\n'.join(lines)
+
+
 def to_markdown(r: dict[str, Any]) -> str:
   lines = ['## Plain decoding efficiency', '',
            '| copy GB/s | weight GB/step | step ms | weights GB/s | fraction |',
@@ -289,13 +389,25 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--quick', action='store_true',
                       help='smaller models and fewer repeats (< 3 minutes)')
   parser.add_argument('--out', default='bench.json', help='JSON output path')
+  parser.add_argument(
+      '--kernel', choices=('both', 'on', 'off', 'none'), default='both',
+      help='sections 1-3 again with the small-K CPU kernel on and/or off '
+      '(JSON key "kernel"); none skips them')
+  parser.add_argument('--kernel_only', action='store_true',
+                      help='only the --kernel sections')
   args = parser.parse_args(argv)
   cfg = QUICK if args.quick else FULL
-  results = run(cfg)
+  results = {} if args.kernel_only else run(cfg)
+  if args.kernel != 'none':
+    settings = ('off', 'on') if args.kernel == 'both' else (args.kernel,)
+    results['kernel'] = kernel_sections(cfg, settings)
   results['quick'] = args.quick
   with open(args.out, 'w') as f:
     json.dump(results, f, indent=2)
-  print(to_markdown(results))
+  if not args.kernel_only:
+    print(to_markdown(results))
+  if 'kernel' in results:
+    print('\n' + kernel_markdown(results['kernel']))
   print(f'\nwrote {args.out}')
   return 0
 
