@@ -27,7 +27,9 @@ class SpecStats:
       was accepted (the paper's alpha estimate, section 3.1).
     tokens_per_call: output tokens per target call, mean over rows.
   Per row (`[B, ...]`): `row_iterations`, `row_accepted_histogram`,
-  `row_alpha`, `row_tokens_per_call`.
+  `row_alpha`, `row_tokens_per_call`, and the raw counts behind them,
+  `row_position_tries [B, G]`, `row_position_accepts [B, G]` (per position:
+  iterations that tested / accepted it) and `row_beta_sum [B]`.
   """
 
   target_calls: int
@@ -40,6 +42,9 @@ class SpecStats:
   row_accepted_histogram: np.ndarray
   row_alpha: np.ndarray
   row_tokens_per_call: np.ndarray
+  row_position_tries: np.ndarray
+  row_position_accepts: np.ndarray
+  row_beta_sum: np.ndarray
 
   @property
   def gamma(self) -> int:
@@ -65,6 +70,9 @@ class SpecStats:
         row_accepted_histogram=c.accepted_histogram,
         row_alpha=c.beta_sum / np.maximum(tested, 1),
         row_tokens_per_call=lengths / np.maximum(iters, 1),
+        row_position_tries=c.position_tries,
+        row_position_accepts=c.position_accepts,
+        row_beta_sum=c.beta_sum,
     )
 
 
