@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spec_decode import sampling
-from spec_decode import speculative
+from spec_decode import sampling, speculative
 from spec_decode.config import EOS_ID, PAD_ID
 from spec_decode.protocol import LanguageModel
 
@@ -171,6 +170,18 @@ def _outputs(state: LoopState, settings: DecodeSettings):
   return tokens, state.length
 
 
+def _draw(sampler: sampling.Sampler, keys: jax.Array, logits: jax.Array):
+  """Tokens `[B]` from `logits [B, V]`, and the distribution drawn from.
+
+  Greedy draws are the argmax and their one-hot distribution is not
+  materialized (None): skipping V-wide passes per draw matters on CPU.
+  """
+  if sampler.is_greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  probs = sampler.probs(logits)
+  return jax.vmap(sampling.sample)(keys, probs), probs
+
+
 def plain_decode(target: LanguageModel, encoder_tokens: jax.Array,
                  row_keys: jax.Array, settings: DecodeSettings):
   """Autoregressive sampling from the target alone (T5X temperature_sample).
@@ -185,9 +196,8 @@ def plain_decode(target: LanguageModel, encoder_tokens: jax.Array,
     last = _gather(state.inputs, n[:, None])
     tgt = target.rollback(state.target, n)
     logits, tgt = target.score(tgt, last)
-    probs = sampler.probs(logits[:, 0])
     keys = position_keys(row_keys, (n + 1)[:, None], _SAMPLE)[:, 0]
-    token = jax.vmap(sampler.draw)(keys, probs)
+    token, _ = _draw(sampler, keys, logits[:, 0])
     inputs, length, done, _ = _commit(
         state, token[:, None], jnp.ones_like(n), settings)
     return state.replace(inputs=inputs, length=length, done=done,
@@ -208,7 +218,8 @@ def _draft_block(draft: LanguageModel, draft_state, state: LoopState,
   first position's logits.
 
   Returns:
-    draft tokens `[B, G]`, their distributions `q [B, G, V]`, draft state.
+    draft tokens `[B, G]`, their distributions `q [B, G, V]` (None when
+    greedy: one-hot on the tokens), and the draft state.
   """
   n = state.length
   sampler = settings.sampler
@@ -221,22 +232,42 @@ def _draft_block(draft: LanguageModel, draft_state, state: LoopState,
   positions = n[:, None] + 1 + jnp.arange(settings.gamma)[None]  # [B, G]
   keys = position_keys(row_keys, positions, _SAMPLE)
 
-  def draw(logits_b, keys_b):
-    q = sampler.probs(logits_b)
-    return jax.vmap(sampler.draw)(keys_b, q), q
-
-  x1, q1 = draw(first_logits, keys[:, 0])
+  x1, q1 = _draw(sampler, keys[:, 0], first_logits)
 
   def step(carry, key_i):
     ds_i, prev = carry
     lg, ds_i = draft.score(ds_i, prev[:, None])
-    x, q = draw(lg[:, 0], key_i)
+    x, q = _draw(sampler, key_i, lg[:, 0])
     return (ds_i, x), (x, q)
 
   (ds, _), (xs, qs) = lax.scan(step, (ds, x1), jnp.swapaxes(keys[:, 1:], 0, 1))
   tokens = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
+  if q1 is None:
+    return tokens, None, ds
   q = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
   return tokens, q, ds
+
+
+def _verify(settings: DecodeSettings, logits: jax.Array, q, draft_tokens,
+            row_keys: jax.Array, positions: jax.Array):
+  """Runs the verifier on target `logits [B, G+1, V]` and draft `q`."""
+  g = settings.gamma
+  sampler = settings.sampler
+  verifier = settings.verifier
+  greedy_path = getattr(verifier, 'greedy', None)
+  if sampler.is_greedy and greedy_path is not None:
+    return greedy_path(jnp.argmax(logits, axis=-1).astype(jnp.int32),
+                       draft_tokens)
+  if q is None:  # Greedy draft, verifier without a greedy path.
+    q = jax.nn.one_hot(draft_tokens, logits.shape[-1], dtype=jnp.float32)
+  uniforms = jax.vmap(jax.vmap(
+      lambda k: jax.random.uniform(k, dtype=jnp.float32)))(
+          position_keys(row_keys, positions[:, :g], _ACCEPT))
+  return verifier(
+      sampler.probs(logits), q, draft_tokens, uniforms=uniforms,
+      bonus_keys=position_keys(row_keys, positions, _SAMPLE),
+      residual_keys=position_keys(row_keys, positions, _RESIDUAL),
+      greedy=sampler.is_greedy)
 
 
 def speculative_decode(target: LanguageModel, draft: LanguageModel,
@@ -248,7 +279,6 @@ def speculative_decode(target: LanguageModel, draft: LanguageModel,
     tokens `[B, M]`, lengths `[B]`, and `SpecCounters`.
   """
   g = settings.gamma
-  sampler = settings.sampler
   batch = encoder_tokens.shape[0]
 
   def body(state: LoopState) -> LoopState:
@@ -260,17 +290,8 @@ def speculative_decode(target: LanguageModel, draft: LanguageModel,
     tgt = target.rollback(state.target, n)
     logits, tgt = target.score(
         tgt, jnp.concatenate([newest, draft_tokens], axis=1))
-    p = sampler.probs(logits)  # [B, G + 1, V]
-
     positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
-    result = settings.verifier(
-        p, q, draft_tokens,
-        uniforms=jax.vmap(jax.vmap(
-            lambda k: jax.random.uniform(k, dtype=jnp.float32)))(
-                position_keys(row_keys, positions[:, :g], _ACCEPT)),
-        bonus_keys=position_keys(row_keys, positions, _SAMPLE),
-        residual_keys=position_keys(row_keys, positions, _RESIDUAL),
-        greedy=sampler.is_greedy)
+    result = _verify(settings, logits, q, draft_tokens, row_keys, positions)
     a = result.accepted
     offsets = jnp.arange(g + 1)[None]
     block = jnp.where(

@@ -293,7 +293,6 @@ class DecoderLayer(nn.Module):
       The layer output `[B, T, D]` and the updated `(keys, values)` (this
       call's own keys and values when there is no cache).
     """
-    cfg = self.config
     h = self.pre_self_attention_layer_norm(x)
     k, v = self.self_attention.project_kv(h)
     if cache_kv is not None:

@@ -86,7 +86,12 @@ class Verifier(Protocol):
   def __call__(self, p: jax.Array, q: jax.Array, draft_tokens: jax.Array,
                uniforms: jax.Array, bonus_keys: jax.Array,
                residual_keys: jax.Array, greedy: bool = False) -> VerifyResult:
-    """`greedy` (static): p and q are one-hot, so draws need no noise."""
+    """`greedy` (static): p and q are one-hot, so draws need no noise.
+
+    A verifier may also define `greedy(target_tokens [B, G+1], draft_tokens
+    [B, G]) -> VerifyResult` for argmax decoding; the loop then skips
+    building one-hot distributions.
+    """
     ...
 
 
@@ -112,6 +117,29 @@ class ExactVerifier:
   def __post_init__(self):
     if not 0.0 < self.lenience <= 1.0:
       raise ValueError(f'lenience must be in (0, 1], got {self.lenience!r}')
+
+  def greedy(self, target_tokens: jax.Array,
+             draft_tokens: jax.Array) -> VerifyResult:
+    """Algorithm 1 for argmax p and q, on token ids instead of one-hots.
+
+    With one-hot p and q, x is accepted iff it is the target's argmax, the
+    residual and the bonus are one-hot on the target's argmax, and beta is 1
+    where the argmaxes agree: exactly what `__call__` computes.
+
+    Args:
+      target_tokens: `[B, G + 1]` argmax of the target at each prefix.
+      draft_tokens: `[B, G]`.
+    """
+    if self.lenience < 1.0:
+      raise ValueError('lenient argmax verification needs the target '
+                       'probabilities; use temperature > 0')
+    g = draft_tokens.shape[1]
+    match = draft_tokens == target_tokens[:, :g]
+    accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=-1), axis=-1)
+    rows = jnp.arange(draft_tokens.shape[0])
+    return VerifyResult(accepted=accepted,
+                        next_token=target_tokens[rows, accepted],
+                        beta=match.astype(jnp.float32))
 
   def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys,
                greedy=False):

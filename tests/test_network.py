@@ -65,7 +65,7 @@ def test_block_write_equals_single_writes(model):
   for t in range(6):
     _, s2 = model.score(s2, dec[:, t:t + 1])
   for a, b in zip(s1.cache.keys + s1.cache.values,
-                  s2.cache.keys + s2.cache.values):
+                  s2.cache.keys + s2.cache.values, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -108,3 +108,19 @@ def test_beta_is_one_minus_total_variation():
   q = rng.dirichlet(np.ones(V), 5)
   np.testing.assert_allclose(speculative.beta(jnp.asarray(p), jnp.asarray(q)),
                              1 - 0.5 * np.abs(p - q).sum(-1), rtol=1e-5)
+
+
+def test_greedy_path_equals_general_path_on_one_hots():
+  rng = np.random.default_rng(3)
+  b, g = 64, 4
+  target = rng.integers(0, V, (b, g + 1))
+  draft = np.where(rng.random((b, g)) < 0.6, target[:, :g],
+                   rng.integers(0, V, (b, g)))
+  general = _verify(_one_hot(target), _one_hot(draft), draft,
+                    rng.random((b, g)))
+  fast = speculative.ExactVerifier().greedy(jnp.asarray(target),
+                                            jnp.asarray(draft))
+  np.testing.assert_array_equal(fast.accepted, general.accepted)
+  np.testing.assert_array_equal(fast.next_token, general.next_token)
+  np.testing.assert_allclose(fast.beta, general.beta)
+  assert len(set(np.asarray(fast.accepted).tolist())) > 2
