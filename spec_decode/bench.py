@@ -22,7 +22,8 @@ import json
 import platform
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

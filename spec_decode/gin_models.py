@@ -20,6 +20,7 @@ import sys
 import gin
 from spec_decode.config import T5Config
 
+
 def _gin_dir() -> str:
   """The repo's `gin/` (source checkout), else the installed copy."""
   repo = os.path.join(
