@@ -10,7 +10,10 @@ device, so the host never holds two full copies of a model.
 """
 
 import functools
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any
+from typing import Callable
+from typing import Iterator
+from typing import Protocol
 
 import flax.traverse_util
 import jax

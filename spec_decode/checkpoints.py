@@ -16,13 +16,16 @@ dtype, after the names and shapes were checked against the config.
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any
+from typing import Callable
 
 import flax.traverse_util
 import jax
 import numpy as np
 
-from spec_decode import checkpoint_io, hf_checkpoint, t5x_checkpoint
+from spec_decode import checkpoint_io
+from spec_decode import hf_checkpoint
+from spec_decode import t5x_checkpoint
 from spec_decode import vocab as vocab_lib
 from spec_decode.checkpoint_io import CheckpointError
 from spec_decode.config import T5Config

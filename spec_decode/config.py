@@ -2,7 +2,8 @@
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any
+from typing import Sequence
 
 import jax.numpy as jnp
 

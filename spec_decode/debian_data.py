@@ -70,7 +70,9 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 DEFAULT_LISTS_DIR = '/var/lib/apt/lists'

@@ -22,8 +22,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spec_decode import sampling, speculative
-from spec_decode.config import EOS_ID, PAD_ID
+from spec_decode import sampling
+from spec_decode import speculative
+from spec_decode.config import EOS_ID
+from spec_decode.config import PAD_ID
 from spec_decode.protocol import LanguageModel
 
 # `purpose` of a draw at one position (see module docstring).

@@ -43,14 +43,19 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 import spec_decode as sd
-from spec_decode import bench, eval_report, gin_models, speculative, theory
+from spec_decode import bench
+from spec_decode import eval_report
+from spec_decode import gin_models
+from spec_decode import speculative
 from spec_decode import tasks as tasks_lib
+from spec_decode import theory
 from spec_decode import vocab as vocab_lib
 
 RESULTS_FILE = 'results.json'

@@ -7,7 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import decoding, multihost, partitioning, sampling, speculative
+from spec_decode import decoding
+from spec_decode import multihost
+from spec_decode import partitioning
+from spec_decode import sampling
+from spec_decode import speculative
 from spec_decode.config import EOS_ID
 from spec_decode.protocol import LanguageModel
 

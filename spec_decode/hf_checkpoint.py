@@ -39,7 +39,9 @@ import ml_dtypes
 import numpy as np
 
 from spec_decode import vocab as vocab_lib
-from spec_decode.checkpoint_io import CheckpointError, Shape, to_dtype
+from spec_decode.checkpoint_io import CheckpointError
+from spec_decode.checkpoint_io import Shape
+from spec_decode.checkpoint_io import to_dtype
 from spec_decode.config import T5Config
 
 CONFIG_FILE = 'config.json'

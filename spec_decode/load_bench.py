@@ -71,11 +71,9 @@ def _write(config_name: str, root: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   import spec_decode as sd  # pylint: disable=g-import-not-at-top
-  from spec_decode import (  # pylint: disable=g-import-not-at-top
-    gin_models,
-    hf_checkpoint,
-    t5x_checkpoint,
-  )
+  from spec_decode import gin_models  # pylint: disable=g-import-not-at-top
+  from spec_decode import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from spec_decode import t5x_checkpoint  # pylint: disable=g-import-not-at-top
 
   model = sd.Model.init(gin_models.config_from_gin(config_name), seed=0)
   jax.block_until_ready(model.params)

@@ -13,7 +13,8 @@ they are imported when a metric is computed, so this module always imports.
 """
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 ROUGE_TYPES = ('rouge1', 'rouge2', 'rougeL')
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from spec_decode import cache as cache_lib
 from spec_decode import network
-from spec_decode.config import PAD_ID, T5Config
+from spec_decode.config import PAD_ID
+from spec_decode.config import T5Config
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -43,7 +43,9 @@ import flax.traverse_util
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 from spec_decode import checkpoint_io
 from spec_decode.config import T5Config

@@ -9,7 +9,8 @@ Position convention: decoder input 0 is the start token (id 0); input `k > 0`
 is output token `k`. A state's `index [B]` counts the inputs it holds per row.
 """
 
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 import jax
 

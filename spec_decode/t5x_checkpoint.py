@@ -30,7 +30,9 @@ import flax.traverse_util
 import numpy as np
 import tensorstore as ts
 
-from spec_decode.checkpoint_io import CheckpointError, Shape, to_dtype
+from spec_decode.checkpoint_io import CheckpointError
+from spec_decode.checkpoint_io import Shape
+from spec_decode.checkpoint_io import to_dtype
 
 CHECKPOINT_FILE = 'checkpoint'
 VERSION = 3

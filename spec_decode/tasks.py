@@ -29,7 +29,9 @@ import hashlib
 import itertools
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
 
 from spec_decode import debian_data
 from spec_decode import metrics as metrics_lib

@@ -27,8 +27,10 @@ then costs γc + v(γ + 1) target steps and the improvement becomes
 E[tokens] / (γc + v); v = 1 recovers Theorem 3.8.
 """
 
-from collections.abc import Callable, Mapping
-from typing import NamedTuple, Union
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import NamedTuple
+from typing import Union
 
 import numpy as np
 

@@ -13,12 +13,15 @@ data under `jax.jit`, and a draft and a target must share one.
 import hashlib
 import os
 import re
-from typing import Iterable, Sequence
+from typing import Iterable
+from typing import Sequence
 
 import numpy as np
 import sentencepiece as spm
 
-from spec_decode.config import EOS_ID, PAD_ID, UNK_ID
+from spec_decode.config import EOS_ID
+from spec_decode.config import PAD_ID
+from spec_decode.config import UNK_ID
 
 DEFAULT_EXTRA_IDS = 100
 _EXTRA_ID = re.compile(r'<extra_id_(\d+)>')

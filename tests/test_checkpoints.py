@@ -19,13 +19,11 @@ import pytest
 
 import gin
 import spec_decode as sd
-from spec_decode import (
-  checkpoints,
-  convert,
-  gin_models,
-  hf_checkpoint,
-  t5x_checkpoint,
-)
+from spec_decode import checkpoints
+from spec_decode import convert
+from spec_decode import gin_models
+from spec_decode import hf_checkpoint
+from spec_decode import t5x_checkpoint
 from spec_decode.checkpoint_io import CheckpointError
 
 V11 = sd.T5Config(

@@ -3,7 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import encoder_batch, tiny_config
+from conftest import encoder_batch
+from conftest import tiny_config
 
 import spec_decode as sd
 from spec_decode import decoding

@@ -13,7 +13,8 @@ import pytest
 
 import gin
 from spec_decode import eval as eval_lib
-from spec_decode import eval_cli, gin_models
+from spec_decode import eval_cli
+from spec_decode import gin_models
 
 REPO = eval_lib.REPO_DIR
 GIN_FILES = sorted(

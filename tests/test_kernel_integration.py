@@ -14,10 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import encoder_batch, perturbed, tiny_config
+from conftest import encoder_batch
+from conftest import perturbed
+from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode import models, network
+from spec_decode import models
+from spec_decode import network
 from spec_decode.kernels import ops
 
 needs_kernel = pytest.mark.skipif(not ops.available(),

@@ -4,7 +4,9 @@ import itertools
 
 import pytest
 
-from spec_decode import debian_data, metrics, tasks
+from spec_decode import debian_data
+from spec_decode import metrics
+from spec_decode import tasks
 
 
 def _write_split(root, subdir, split, rows, header=True):

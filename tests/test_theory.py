@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from spec_decode import theory, theory_cli
+from spec_decode import theory
+from spec_decode import theory_cli
 
 # Table 1 of Leviathan et al. (2023): alpha, gamma, operations, speed
 # (c = c_hat = 0), printed to 2 decimals.

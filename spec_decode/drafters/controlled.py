@@ -13,7 +13,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.protocol import DecodeState, LanguageModel
+from spec_decode.protocol import DecodeState
+from spec_decode.protocol import LanguageModel
 
 _PROPOSAL_LOGIT = 30.0
 
