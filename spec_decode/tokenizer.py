@@ -18,13 +18,17 @@ import argparse
 import io
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from collections.abc import Iterator
 
 import sentencepiece as spm
 
-from spec_decode import debian_data, tasks
+from spec_decode import debian_data
+from spec_decode import tasks
 from spec_decode import vocab as vocab_lib
-from spec_decode.config import EOS_ID, PAD_ID, UNK_ID
+from spec_decode.config import EOS_ID
+from spec_decode.config import PAD_ID
+from spec_decode.config import UNK_ID
 
 DEFAULT_VOCAB_SIZE = 4096  # Extra ids included.
 DEFAULT_TASKS = ('ende', 'summarize')
@@ -50,7 +54,7 @@ def train_sentencepiece(
   texts: Iterable[str],
   vocab_size: int = DEFAULT_VOCAB_SIZE,
   extra_ids: int = vocab_lib.DEFAULT_EXTRA_IDS,
-  character_coverage: float = 0.9995,
+  character_coverage: float = 1.0,
   max_sentence_length: int = 8192,
 ) -> bytes:
   """Trains a unigram sentencepiece model with T5's special ids.

@@ -44,7 +44,8 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import flax.struct
@@ -56,7 +57,8 @@ import optax
 from spec_decode import models
 from spec_decode import tasks as tasks_lib
 from spec_decode import vocab as vocab_lib
-from spec_decode.config import PAD_ID, T5Config
+from spec_decode.config import PAD_ID
+from spec_decode.config import T5Config
 
 CHECKPOINT_DIR = 'checkpoints'
 MODEL_DIR = 'model'
@@ -355,11 +357,14 @@ def restore_state(model_dir: str, abstract: TrainState) -> TrainState | None:
   if not os.path.isdir(os.path.join(model_dir, CHECKPOINT_DIR)):
     return None
   manager = _manager(model_dir, keep=1000)
-  step = manager.latest_step()
-  if step is None:
-    return None
-  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract)
-  return manager.restore(step, args=ocp.args.StandardRestore(target))
+  try:
+    step = manager.latest_step()
+    if step is None:
+      return None
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract)
+    return manager.restore(step, args=ocp.args.StandardRestore(target))
+  finally:
+    manager.close()
 
 
 def export_model(params, config: T5Config,
@@ -568,7 +573,7 @@ def train(
   model_path = os.path.join(model_dir, MODEL_DIR)
   deadline = (time.monotonic() + 60.0 * max_minutes) if max_minutes else None
   stopped = 'done'
-  last_loss = last_val = None
+  last_loss = last_val = last_val_step = None
   bar = tqdm.tqdm(total=train_steps, initial=start, disable=not progress,
                   unit='step', dynamic_ncols=True, desc='train')
   tokens_acc, time_acc, loss_acc, n_acc = 0.0, 0.0, 0.0, 0
@@ -600,6 +605,7 @@ def train(
                     'time': time.time()}
           if eval_every and step % eval_every == 0:
             last_val = validation_loss(state.params)
+            last_val_step = step
             record['validation_loss'] = last_val
           _log(model_dir, record)
           bar.set_postfix(loss=f'{last_loss:.3f}',
@@ -621,7 +627,7 @@ def train(
     bar.close()
   _save(manager, state)
   manager.close()
-  if stopped == 'done' or last_val is None:
+  if last_val_step != int(state.step):
     last_val = validation_loss(state.params)
     _log(model_dir, {'step': int(state.step), 'validation_loss': last_val,
                      'time': time.time()})
