@@ -9,7 +9,11 @@ import pytest
 from conftest import tiny_config
 
 import gin
-from spec_decode import checkpoints, gin_models, models, tasks, tokenizer
+from spec_decode import checkpoints
+from spec_decode import gin_models
+from spec_decode import models
+from spec_decode import tasks
+from spec_decode import tokenizer
 from spec_decode import train as train_lib
 from spec_decode import vocab as vocab_lib
 from spec_decode.config import T5Config
