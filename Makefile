@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.py | cksum | cut -d' ' -f1)
 
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: install test demo bench lint format clean
+.PHONY: install test demo demo-random bench lint format clean
 
 install: $(STAMP)
 
@@ -22,7 +22,15 @@ $(STAMP): setup.py
 test: install
 	$(PY) -m pytest -q tests
 
+# The default eval run: the committed demo pair on the offline Debian EnDe
+# task (the data is built from apt's translation lists on first use).
+DATA_DIR ?= data/debian
 demo: install
+	test -f $(DATA_DIR)/manifest.json || $(PY) -m spec_decode.debian_data --out_dir $(DATA_DIR) --fetch
+	$(PY) -m spec_decode.main eval
+
+# Mechanics only, on random tiny models (no data, no checkpoints).
+demo-random: install
 	$(PY) -m spec_decode.demo
 
 bench: install
