@@ -416,13 +416,16 @@ def main(argv: list[str] | None = None) -> int:
                       help='smaller models and fewer repeats (< 3 minutes)')
   parser.add_argument('--out', default='bench.json', help='JSON output path')
   parser.add_argument(
-      '--kernel', choices=('both', 'on', 'off', 'none'), default='both',
+      '--kernel', choices=('both', 'on', 'off', 'none'), default=None,
       help='sections 1-3 again with the small-K CPU kernel on and/or off '
-      '(JSON key "kernel"); none skips them')
+      '(JSON key "kernel"); none skips them (default: both, none with '
+      '--quick)')
   parser.add_argument('--kernel_only', action='store_true',
                       help='only the --kernel sections')
   args = parser.parse_args(argv)
   cfg = QUICK if args.quick else FULL
+  if args.kernel is None:
+    args.kernel = 'none' if args.quick else 'both'
   results = {} if args.kernel_only else run(cfg)
   if args.kernel != 'none':
     settings = ('off', 'on') if args.kernel == 'both' else (args.kernel,)
