@@ -55,22 +55,37 @@ class BenchConfig:
 
 
 def _v1_1(vocab, emb, heads, mlp, layers) -> sd.T5Config:
-  return sd.T5Config(vocab_size=vocab, emb_dim=emb, num_heads=heads,
-                     head_dim=64, mlp_dim=mlp, num_encoder_layers=layers,
-                     num_decoder_layers=layers,
-                     mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+  return sd.T5Config(
+    vocab_size=vocab,
+    emb_dim=emb,
+    num_heads=heads,
+    head_dim=64,
+    mlp_dim=mlp,
+    num_encoder_layers=layers,
+    num_decoder_layers=layers,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+  )
 
 
 FULL = BenchConfig(
-    target=_v1_1(32128, 768, 12, 2048, 12),  # T5 v1.1 base
-    draft=_v1_1(32128, 512, 6, 1024, 8).replace(num_decoder_layers=2),
-    max_decode_len=64, repeats=5, ks=tuple(range(1, 17)),
-    batches=(1, 4, 8, 16), copy_mb=512)
+  target=_v1_1(32128, 768, 12, 2048, 12),  # T5 v1.1 base
+  draft=_v1_1(32128, 512, 6, 1024, 8).replace(num_decoder_layers=2),
+  max_decode_len=64,
+  repeats=5,
+  ks=tuple(range(1, 17)),
+  batches=(1, 4, 8, 16),
+  copy_mb=512,
+)
 QUICK = BenchConfig(
-    target=_v1_1(32128, 512, 8, 1024, 6),
-    draft=_v1_1(32128, 256, 4, 512, 2),
-    max_decode_len=32, repeats=3, ks=(1, 2, 4, 8, 16), batches=(1, 8),
-    copy_mb=256)
+  target=_v1_1(32128, 512, 8, 1024, 6),
+  draft=_v1_1(32128, 256, 4, 512, 2),
+  max_decode_len=32,
+  repeats=3,
+  ks=(1, 2, 4, 8, 16),
+  batches=(1, 8),
+  copy_mb=256,
+)
 
 
 def _median_time(fn: Callable[[], Any], repeats: int) -> float:
@@ -97,8 +112,11 @@ def decoder_step_bytes(model: sd.Model) -> int:
   for name, sub in dec.items():
     for path, leaf in jax.tree_util.tree_leaves_with_path(sub):
       keys = [getattr(p, 'key', '') for p in path]
-      if name.startswith('layers_') and keys[0] == 'encoder_decoder_attention' \
-          and keys[1] in ('key', 'value'):
+      if (
+        name.startswith('layers_')
+        and keys[0] == 'encoder_decoder_attention'
+        and keys[1] in ('key', 'value')
+      ):
         continue
       total += leaf.nbytes
   if model.config.logits_via_embedding:
@@ -125,15 +143,25 @@ def _repeated_score(model, state, num_tokens: int, calls: int):
   return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
 
 
-def step_times(model: sd.Model, ks, repeats: int, batch: int = 1,
-               prefix: int = 16, calls: int = 16) -> dict[int, float]:
+def step_times(
+  model: sd.Model,
+  ks,
+  repeats: int,
+  batch: int = 1,
+  prefix: int = 16,
+  calls: int = 16,
+) -> dict[int, float]:
   """Median time of one in-loop `score` call with k tokens per row, per k."""
   enc = jnp.full((batch, 16), 5, jnp.int32)
   state = model.init_state(enc, prefix + max(ks) + 2)
   _, state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))
-  return {k: _median_time(
-      lambda k=k: _repeated_score(model, state, k, calls), repeats) / calls
-          for k in ks}
+  return {
+    k: _median_time(
+      lambda k=k: _repeated_score(model, state, k, calls), repeats
+    )
+    / calls
+    for k in ks
+  }
 
 
 def _timed_generate(repeats, **kwargs) -> tuple[float, sd.GenerateOutput]:
@@ -148,13 +176,15 @@ def _inputs(batch: int, seed: int = 0) -> np.ndarray:
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
   results: dict[str, Any] = {
-      'machine': {'platform': platform.platform(),
-                  'processor': platform.processor(),
-                  'devices': [str(d) for d in jax.devices()],
-                  'jax': jax.__version__},
-      'target_config': cfg.target.to_dict(),
-      'draft_config': cfg.draft.to_dict(),
-      'max_decode_len': cfg.max_decode_len,
+    'machine': {
+      'platform': platform.platform(),
+      'processor': platform.processor(),
+      'devices': [str(d) for d in jax.devices()],
+      'jax': jax.__version__,
+    },
+    'target_config': cfg.target.to_dict(),
+    'draft_config': cfg.draft.to_dict(),
+    'max_decode_len': cfg.max_decode_len,
   }
   m = cfg.max_decode_len
   target = bench_peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
@@ -168,45 +198,58 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
   # 1. plain decoding efficiency.
   bandwidth = copy_bandwidth(cfg.copy_mb, cfg.repeats)
-  plain_time, plain = _timed_generate(cfg.repeats, model=target,
-                                      encoder_tokens=enc1, max_decode_len=m)
+  plain_time, plain = _timed_generate(
+    cfg.repeats, model=target, encoder_tokens=enc1, max_decode_len=m
+  )
   steps = int(plain.lengths.max())
   step_time = plain_time / steps
   step_bytes = decoder_step_bytes(target)
   results.update(
-      copy_bandwidth_gb_s=bandwidth / 1e9,
-      decoder_weight_bytes_per_step=step_bytes,
-      plain_step_seconds=step_time,
-      plain_weight_read_gb_s=step_bytes / step_time / 1e9,
-      copy_bandwidth_fraction=step_bytes / step_time / bandwidth)
+    copy_bandwidth_gb_s=bandwidth / 1e9,
+    decoder_weight_bytes_per_step=step_bytes,
+    plain_step_seconds=step_time,
+    plain_weight_read_gb_s=step_bytes / step_time / 1e9,
+    copy_bandwidth_fraction=step_bytes / step_time / bandwidth,
+  )
 
   # 2. v(k) on the target, and c from one draft step.
   t_times = step_times(target, cfg.ks, cfg.repeats)
   d_times = step_times(draft_net, (1,), cfg.repeats)
   v = {k: t_times[k] / t_times[1] for k in cfg.ks if k > 1}
   c = d_times[1] / t_times[1]
-  results.update(v={str(k): r for k, r in v.items()}, c=c,
-                 target_step_seconds=t_times[1],
-                 draft_step_seconds=d_times[1])
+  results.update(
+    v={str(k): r for k, r in v.items()},
+    c=c,
+    target_step_seconds=t_times[1],
+    draft_step_seconds=d_times[1],
+  )
 
   # 3. controlled acceptance.
   v_of_k = {1: 1.0, **v}
   reference = sd.generate(target, enc1, max_decode_len=m + max(cfg.ks) + 2)
   speedups = {}
   for alpha in ALPHAS:
-    gamma, _ = theory.choose_gamma(alpha, c, v_of_k,
-                                   max_gamma=max(cfg.ks) - 1)
+    gamma, _ = theory.choose_gamma(alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1)
     gamma = int(gamma)
     draft = drafters.ControlledDraft(
-        inner=draft_net, reference=jnp.asarray(reference.tokens),
-        alpha=jnp.float32(alpha), key=jax.random.key(17))
+      inner=draft_net,
+      reference=jnp.asarray(reference.tokens),
+      alpha=jnp.float32(alpha),
+      key=jax.random.key(17),
+    )
     spec_time, spec = _timed_generate(
-        cfg.repeats, model=target, encoder_tokens=enc1, draft=draft,
-        gamma=gamma, max_decode_len=m)
+      cfg.repeats,
+      model=target,
+      encoder_tokens=enc1,
+      draft=draft,
+      gamma=gamma,
+      max_decode_len=m,
+    )
     assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
     a_hat = spec.stats.alpha
-    predicted = float(theory.walltime_improvement(a_hat, gamma, c,
-                                                  v_of_k[gamma + 1]))
+    predicted = float(
+      theory.walltime_improvement(a_hat, gamma, c, v_of_k[gamma + 1])
+    )
     measured = plain_time / spec_time
     # Where the time goes: one iteration's walltime against the model calls
     # it makes (gamma draft steps and one target call over gamma + 1
@@ -214,12 +257,17 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     iteration = spec_time / max(spec.stats.target_calls, 1)
     model_calls = gamma * d_times[1] + t_times[1] * v_of_k[gamma + 1]
     speedups[str(alpha)] = dict(
-        gamma=gamma, alpha_measured=a_hat, measured=measured,
-        predicted=predicted, ratio=measured / predicted,
-        predicted_v1=float(theory.walltime_improvement(a_hat, gamma, c)),
-        tokens_per_call=spec.stats.tokens_per_call,
-        iteration_ms=iteration * 1e3, model_calls_ms=model_calls * 1e3,
-        overhead_ms=(iteration - model_calls) * 1e3)
+      gamma=gamma,
+      alpha_measured=a_hat,
+      measured=measured,
+      predicted=predicted,
+      ratio=measured / predicted,
+      predicted_v1=float(theory.walltime_improvement(a_hat, gamma, c)),
+      tokens_per_call=spec.stats.tokens_per_call,
+      iteration_ms=iteration * 1e3,
+      model_calls_ms=model_calls * 1e3,
+      overhead_ms=(iteration - model_calls) * 1e3,
+    )
   results['speedup'] = speedups
 
   # 4. batch sizes, at alpha = 0.8.
@@ -229,32 +277,57 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     enc = _inputs(b, seed=b)
     ref = sd.generate(target, enc, max_decode_len=m + gamma + 2)
     draft = drafters.ControlledDraft(
-        inner=draft_net, reference=jnp.asarray(ref.tokens),
-        alpha=jnp.float32(0.8), key=jax.random.key(17))
-    pt, _ = _timed_generate(cfg.repeats, model=target, encoder_tokens=enc,
-                            max_decode_len=m)
-    st, _ = _timed_generate(cfg.repeats, model=target, encoder_tokens=enc,
-                            draft=draft, gamma=gamma, max_decode_len=m)
-    batch_rows[str(b)] = dict(plain_tokens_per_s=b * m / pt,
-                              speculative_tokens_per_s=b * m / st,
-                              speedup=pt / st)
+      inner=draft_net,
+      reference=jnp.asarray(ref.tokens),
+      alpha=jnp.float32(0.8),
+      key=jax.random.key(17),
+    )
+    pt, _ = _timed_generate(
+      cfg.repeats, model=target, encoder_tokens=enc, max_decode_len=m
+    )
+    st, _ = _timed_generate(
+      cfg.repeats,
+      model=target,
+      encoder_tokens=enc,
+      draft=draft,
+      gamma=gamma,
+      max_decode_len=m,
+    )
+    batch_rows[str(b)] = dict(
+      plain_tokens_per_s=b * m / pt,
+      speculative_tokens_per_s=b * m / st,
+      speedup=pt / st,
+    )
   results['batch'] = batch_rows
 
   # 5. peer run on the same target size, with an agreeing truncated draft.
-  results['hf'] = bench_peer.run(cfg.target, draft_layers=2, gamma=4,
-                                 max_len=m, repeats=cfg.repeats)
+  results['hf'] = bench_peer.run(
+    cfg.target, draft_layers=2, gamma=4, max_len=m, repeats=cfg.repeats
+  )
 
   # 6. recompilations after warm-up: new inputs of the same shapes.
-  before = (decoding.plain_decode_jit._cache_size(),
-            decoding.speculative_decode_jit._cache_size())
+  before = (
+    decoding.plain_decode_jit._cache_size(),
+    decoding.speculative_decode_jit._cache_size(),
+  )
   sd.generate(target, _inputs(1, seed=99), max_decode_len=m, seed=3)
   draft = drafters.ControlledDraft(
-      inner=draft_net, reference=jnp.asarray(reference.tokens),
-      alpha=jnp.float32(0.6), key=jax.random.key(3))
-  sd.generate(target, _inputs(1, seed=98), draft=draft,
-              gamma=speedups['0.8']['gamma'], max_decode_len=m)
-  after = (decoding.plain_decode_jit._cache_size(),
-           decoding.speculative_decode_jit._cache_size())
+    inner=draft_net,
+    reference=jnp.asarray(reference.tokens),
+    alpha=jnp.float32(0.6),
+    key=jax.random.key(3),
+  )
+  sd.generate(
+    target,
+    _inputs(1, seed=98),
+    draft=draft,
+    gamma=speedups['0.8']['gamma'],
+    max_decode_len=m,
+  )
+  after = (
+    decoding.plain_decode_jit._cache_size(),
+    decoding.speculative_decode_jit._cache_size(),
+  )
   results['recompilations'] = int(sum(after) - sum(before))
   return results
 
@@ -265,8 +338,9 @@ def _kernel_setting(model: sd.Model, on: bool) -> sd.Model:
   return model if model.packed is not None else model.pack_for_cpu()
 
 
-def kernel_sections(cfg: BenchConfig, settings: tuple[str, ...]
-                    ) -> dict[str, Any]:
+def kernel_sections(
+  cfg: BenchConfig, settings: tuple[str, ...]
+) -> dict[str, Any]:
   """Sections 1-3 (plain efficiency, v(k), controlled acceptance) per kernel
   setting ('on': packed weights and the small-K kernel, 'off': jnp.dot), on
   the same models, inputs and reference in one process."""
@@ -276,9 +350,11 @@ def kernel_sections(cfg: BenchConfig, settings: tuple[str, ...]
   enc1 = _inputs(1)
   bandwidth = copy_bandwidth(cfg.copy_mb, cfg.repeats)
   step_bytes = decoder_step_bytes(base)
-  out: dict[str, Any] = {'info': kernel_ops.info(),
-                         'copy_bandwidth_gb_s': bandwidth / 1e9,
-                         'decoder_weight_bytes_per_step': step_bytes}
+  out: dict[str, Any] = {
+    'info': kernel_ops.info(),
+    'copy_bandwidth_gb_s': bandwidth / 1e9,
+    'decoder_weight_bytes_per_step': step_bytes,
+  }
   reference = None
   for name in settings:
     on = name == 'on'
@@ -287,141 +363,208 @@ def kernel_sections(cfg: BenchConfig, settings: tuple[str, ...]
       continue
     target = _kernel_setting(base, on)
     draft_net = _kernel_setting(draft_base, on)
-    plain_time, plain = _timed_generate(cfg.repeats, model=target,
-                                        encoder_tokens=enc1, max_decode_len=m)
+    plain_time, plain = _timed_generate(
+      cfg.repeats, model=target, encoder_tokens=enc1, max_decode_len=m
+    )
     step_time = plain_time / int(plain.lengths.max())
     t_times = step_times(target, cfg.ks, cfg.repeats)
     d_times = step_times(draft_net, (1,), cfg.repeats)
     v = {k: t_times[k] / t_times[1] for k in cfg.ks if k > 1}
     c = d_times[1] / t_times[1]
     if reference is None:
-      reference = sd.generate(target, enc1,
-                              max_decode_len=m + max(cfg.ks) + 2).tokens
+      reference = sd.generate(
+        target, enc1, max_decode_len=m + max(cfg.ks) + 2
+      ).tokens
     v_of_k = {1: 1.0, **v}
     speedups = {}
     for alpha in ALPHAS:
-      gamma, _ = theory.choose_gamma(alpha, c, v_of_k,
-                                     max_gamma=max(cfg.ks) - 1)
+      gamma, _ = theory.choose_gamma(
+        alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1
+      )
       gamma = int(gamma)
       draft = drafters.ControlledDraft(
-          inner=draft_net, reference=jnp.asarray(reference),
-          alpha=jnp.float32(alpha), key=jax.random.key(17))
+        inner=draft_net,
+        reference=jnp.asarray(reference),
+        alpha=jnp.float32(alpha),
+        key=jax.random.key(17),
+      )
       spec_time, spec = _timed_generate(
-          cfg.repeats, model=target, encoder_tokens=enc1, draft=draft,
-          gamma=gamma, max_decode_len=m)
+        cfg.repeats,
+        model=target,
+        encoder_tokens=enc1,
+        draft=draft,
+        gamma=gamma,
+        max_decode_len=m,
+      )
       assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
       a_hat = spec.stats.alpha
-      predicted = float(theory.walltime_improvement(a_hat, gamma, c,
-                                                    v_of_k[gamma + 1]))
+      predicted = float(
+        theory.walltime_improvement(a_hat, gamma, c, v_of_k[gamma + 1])
+      )
       speedups[str(alpha)] = dict(
-          gamma=gamma, alpha_measured=a_hat, measured=plain_time / spec_time,
-          predicted=predicted, spec_seconds=spec_time)
+        gamma=gamma,
+        alpha_measured=a_hat,
+        measured=plain_time / spec_time,
+        predicted=predicted,
+        spec_seconds=spec_time,
+      )
     out[name] = dict(
-        plain_seconds=plain_time, plain_step_seconds=step_time,
-        plain_weight_read_gb_s=step_bytes / step_time / 1e9,
-        copy_bandwidth_fraction=step_bytes / step_time / bandwidth,
-        v={str(k): r for k, r in v.items()}, c=c,
-        target_step_seconds=t_times[1], draft_step_seconds=d_times[1],
-        speedup=speedups)
+      plain_seconds=plain_time,
+      plain_step_seconds=step_time,
+      plain_weight_read_gb_s=step_bytes / step_time / 1e9,
+      copy_bandwidth_fraction=step_bytes / step_time / bandwidth,
+      v={str(k): r for k, r in v.items()},
+      c=c,
+      target_step_seconds=t_times[1],
+      draft_step_seconds=d_times[1],
+      speedup=speedups,
+    )
   return out
 
 
 def kernel_markdown(r: dict[str, Any]) -> str:
   """Sections 1-3 side by side for the kernel settings in `r`."""
-  runs = {n: s for n, s in r.items()
-          if n in ('on', 'off') and 'skipped' not in s}
-  lines = ['## Small-K CPU kernel on vs off', '',
-           f"kernel: {r['info']}; copy bandwidth "
-           f"{r['copy_bandwidth_gb_s']:.1f} GB/s; decoder weights "
-           f"{r['decoder_weight_bytes_per_step'] / 1e9:.3f} GB/step", '']
+  runs = {
+    n: s for n, s in r.items() if n in ('on', 'off') and 'skipped' not in s
+  }
+  lines = [
+    '## Small-K CPU kernel on vs off',
+    '',
+    f'kernel: {r["info"]}; copy bandwidth '
+    f'{r["copy_bandwidth_gb_s"]:.1f} GB/s; decoder weights '
+    f'{r["decoder_weight_bytes_per_step"] / 1e9:.3f} GB/step',
+    '',
+  ]
   if not runs:
     return '\n'.join(lines + ['(no setting measured)'])
   ks = list(next(iter(runs.values()))['v'])
-  lines += ['| kernel | step ms | weights GB/s | copy fraction | c | ' +
-            ' | '.join(f'v({k})' for k in ks) + ' |',
-            '|---|---|---|---|---|' + '---|' * len(ks)]
+  lines += [
+    '| kernel | step ms | weights GB/s | copy fraction | c | '
+    + ' | '.join(f'v({k})' for k in ks)
+    + ' |',
+    '|---|---|---|---|---|' + '---|' * len(ks),
+  ]
   for n, s in runs.items():
     lines.append(
-        f"| {n} | {s['plain_step_seconds'] * 1e3:.1f} | "
-        f"{s['plain_weight_read_gb_s']:.1f} | "
-        f"{s['copy_bandwidth_fraction']:.0%} | {s['c']:.3f} | " +
-        ' | '.join(f'{x:.2f}' for x in s['v'].values()) + ' |')
-  lines += ['', '| kernel | alpha | gamma | alpha measured | measured | '
-            'predicted E/(γc+v) |', '|---|---|---|---|---|---|']
+      f'| {n} | {s["plain_step_seconds"] * 1e3:.1f} | '
+      f'{s["plain_weight_read_gb_s"]:.1f} | '
+      f'{s["copy_bandwidth_fraction"]:.0%} | {s["c"]:.3f} | '
+      + ' | '.join(f'{x:.2f}' for x in s['v'].values())
+      + ' |'
+    )
+  lines += [
+    '',
+    '| kernel | alpha | gamma | alpha measured | measured | '
+    'predicted E/(γc+v) |',
+    '|---|---|---|---|---|---|',
+  ]
   for n, s in runs.items():
     for a, x in s['speedup'].items():
-      lines.append(f"| {n} | {a} | {x['gamma']} | "
-                   f"{x['alpha_measured']:.3f} | {x['measured']:.2f}x | "
-                   f"{x['predicted']:.2f}x |")
+      lines.append(
+        f'| {n} | {a} | {x["gamma"]} | '
+        f'{x["alpha_measured"]:.3f} | {x["measured"]:.2f}x | '
+        f'{x["predicted"]:.2f}x |'
+      )
   return '\n'.join(lines)
 
 
 def to_markdown(r: dict[str, Any]) -> str:
-  lines = ['## Plain decoding efficiency', '',
-           '| copy GB/s | weight GB/step | step ms | weights GB/s | fraction |',
-           '|---|---|---|---|---|',
-           f"| {r['copy_bandwidth_gb_s']:.1f} | "
-           f"{r['decoder_weight_bytes_per_step'] / 1e9:.3f} | "
-           f"{r['plain_step_seconds'] * 1e3:.1f} | "
-           f"{r['plain_weight_read_gb_s']:.1f} | "
-           f"{r['copy_bandwidth_fraction']:.0%} |", '',
-           '## v(k) = target time(k tokens) / time(1 token)', '',
-           '| k | ' + ' | '.join(r['v']) + ' |',
-           '|---|' + '---|' * len(r['v']),
-           '| v | ' + ' | '.join(f'{x:.2f}' for x in r['v'].values()) + ' |',
-           '', f"c (draft step / target step) = {r['c']:.3f}", '',
-           '## Speculative vs plain (controlled acceptance, batch 1)', '',
-           '| alpha | gamma | alpha measured | tokens/call | measured | '
-           'predicted E/(γc+v) | ratio | Thm 3.8 (v=1) | iteration ms | '
-           'model calls ms | other ms |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
+  lines = [
+    '## Plain decoding efficiency',
+    '',
+    '| copy GB/s | weight GB/step | step ms | weights GB/s | fraction |',
+    '|---|---|---|---|---|',
+    f'| {r["copy_bandwidth_gb_s"]:.1f} | '
+    f'{r["decoder_weight_bytes_per_step"] / 1e9:.3f} | '
+    f'{r["plain_step_seconds"] * 1e3:.1f} | '
+    f'{r["plain_weight_read_gb_s"]:.1f} | '
+    f'{r["copy_bandwidth_fraction"]:.0%} |',
+    '',
+    '## v(k) = target time(k tokens) / time(1 token)',
+    '',
+    '| k | ' + ' | '.join(r['v']) + ' |',
+    '|---|' + '---|' * len(r['v']),
+    '| v | ' + ' | '.join(f'{x:.2f}' for x in r['v'].values()) + ' |',
+    '',
+    f'c (draft step / target step) = {r["c"]:.3f}',
+    '',
+    '## Speculative vs plain (controlled acceptance, batch 1)',
+    '',
+    '| alpha | gamma | alpha measured | tokens/call | measured | '
+    'predicted E/(γc+v) | ratio | Thm 3.8 (v=1) | iteration ms | '
+    'model calls ms | other ms |',
+    '|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
   for a, s in r['speedup'].items():
     lines.append(
-        f"| {a} | {s['gamma']} | {s['alpha_measured']:.3f} | "
-        f"{s['tokens_per_call']:.2f} | {s['measured']:.2f}x | "
-        f"{s['predicted']:.2f}x | {s['ratio']:.2f} | "
-        f"{s['predicted_v1']:.2f}x | {s.get('iteration_ms', 0):.1f} | "
-        f"{s.get('model_calls_ms', 0):.1f} | {s.get('overhead_ms', 0):.1f} |")
-  lines += ['', '## Batch size (alpha = 0.8)', '',
-            '| batch | plain tok/s | speculative tok/s | speedup |',
-            '|---|---|---|---|']
+      f'| {a} | {s["gamma"]} | {s["alpha_measured"]:.3f} | '
+      f'{s["tokens_per_call"]:.2f} | {s["measured"]:.2f}x | '
+      f'{s["predicted"]:.2f}x | {s["ratio"]:.2f} | '
+      f'{s["predicted_v1"]:.2f}x | {s.get("iteration_ms", 0):.1f} | '
+      f'{s.get("model_calls_ms", 0):.1f} | {s.get("overhead_ms", 0):.1f} |'
+    )
+  lines += [
+    '',
+    '## Batch size (alpha = 0.8)',
+    '',
+    '| batch | plain tok/s | speculative tok/s | speedup |',
+    '|---|---|---|---|',
+  ]
   for b, s in r['batch'].items():
-    lines.append(f"| {b} | {s['plain_tokens_per_s']:.1f} | "
-                 f"{s['speculative_tokens_per_s']:.1f} | "
-                 f"{s['speedup']:.2f}x |")
+    lines.append(
+      f'| {b} | {s["plain_tokens_per_s"]:.1f} | '
+      f'{s["speculative_tokens_per_s"]:.1f} | '
+      f'{s["speedup"]:.2f}x |'
+    )
   hf = r.get('hf', {})
   if 'skipped' in hf:
-    lines += ['', f"Peer run skipped: {hf['skipped']}"]
+    lines += ['', f'Peer run skipped: {hf["skipped"]}']
   elif hf:
-    lines += ['', '## Peer: Hugging Face transformers (PyTorch CPU), batch 1, '
-              f"gamma {hf['gamma']}, alpha {hf['alpha']:.2f}", '',
-              '| | plain tok/s | speculative tok/s | speedup |',
-              '|---|---|---|---|',
-              f"| ours | {hf['ours_plain_tokens_per_s']:.1f} | "
-              f"{hf['ours_tokens_per_s']:.1f} | {hf['ours_speedup']:.2f}x |",
-              f"| transformers | {hf['hf_plain_tokens_per_s']:.1f} | "
-              f"{hf['hf_tokens_per_s']:.1f} | {hf['hf_speedup']:.2f}x |", '',
-              f"ours / transformers speculative tokens/s: {hf['ratio']:.2f}; "
-              f"same greedy tokens: {hf['same_tokens_as_hf']}"]
-  lines += ['', f"First plain call (compile + run): "
-            f"{r['compile_seconds_plain']:.1f}s; recompilations after "
-            f"warm-up: {r['recompilations']}"]
+    lines += [
+      '',
+      '## Peer: Hugging Face transformers (PyTorch CPU), batch 1, '
+      f'gamma {hf["gamma"]}, alpha {hf["alpha"]:.2f}',
+      '',
+      '| | plain tok/s | speculative tok/s | speedup |',
+      '|---|---|---|---|',
+      f'| ours | {hf["ours_plain_tokens_per_s"]:.1f} | '
+      f'{hf["ours_tokens_per_s"]:.1f} | {hf["ours_speedup"]:.2f}x |',
+      f'| transformers | {hf["hf_plain_tokens_per_s"]:.1f} | '
+      f'{hf["hf_tokens_per_s"]:.1f} | {hf["hf_speedup"]:.2f}x |',
+      '',
+      f'ours / transformers speculative tokens/s: {hf["ratio"]:.2f}; '
+      f'same greedy tokens: {hf["same_tokens_as_hf"]}',
+    ]
+  lines += [
+    '',
+    f'First plain call (compile + run): '
+    f'{r["compile_seconds_plain"]:.1f}s; recompilations after '
+    f'warm-up: {r["recompilations"]}',
+  ]
   return '\n'.join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='spec-decode bench',
-                                   description=__doc__.splitlines()[0])
-  parser.add_argument('--quick', action='store_true',
-                      help='smaller models and fewer repeats (< 3 minutes)')
+  parser = argparse.ArgumentParser(
+    prog='spec-decode bench', description=__doc__.splitlines()[0]
+  )
+  parser.add_argument(
+    '--quick',
+    action='store_true',
+    help='smaller models and fewer repeats (< 3 minutes)',
+  )
   parser.add_argument('--out', default='bench.json', help='JSON output path')
   parser.add_argument(
-      '--kernel', choices=('both', 'on', 'off', 'none'), default=None,
-      help='sections 1-3 again with the small-K CPU kernel on and/or off '
-      '(JSON key "kernel"); none skips them (default: both, none with '
-      '--quick)')
-  parser.add_argument('--kernel_only', action='store_true',
-                      help='only the --kernel sections')
+    '--kernel',
+    choices=('both', 'on', 'off', 'none'),
+    default=None,
+    help='sections 1-3 again with the small-K CPU kernel on and/or off '
+    '(JSON key "kernel"); none skips them (default: both, none with '
+    '--quick)',
+  )
+  parser.add_argument(
+    '--kernel_only', action='store_true', help='only the --kernel sections'
+  )
   args = parser.parse_args(argv)
   cfg = QUICK if args.quick else FULL
   if args.kernel is None:

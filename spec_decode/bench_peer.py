@@ -39,8 +39,9 @@ def suppress_eos(model: sd.Model) -> sd.Model:
   return model.with_params(params)
 
 
-def agreeable_pair(cfg: sd.T5Config, draft_layers: int,
-                   seed: int = 0) -> tuple[sd.Model, sd.Model]:
+def agreeable_pair(
+  cfg: sd.T5Config, draft_layers: int, seed: int = 0
+) -> tuple[sd.Model, sd.Model]:
   """A random target and a truncated copy of it that agrees often."""
   target = sd.Model.init(cfg, seed=seed)
   params = jax.tree.map(np.array, target.params)
@@ -54,14 +55,17 @@ def agreeable_pair(cfg: sd.T5Config, draft_layers: int,
   target = suppress_eos(target.with_params(params))
   params = target.params
   draft_params = {
-      'token_embedder': params['token_embedder'],
-      'encoder': params['encoder'],
-      'decoder': {k: v for k, v in dec.items()
-                  if not k.startswith('layers_') or
-                  int(k.split('_')[1]) < draft_layers},
+    'token_embedder': params['token_embedder'],
+    'encoder': params['encoder'],
+    'decoder': {
+      k: v
+      for k, v in dec.items()
+      if not k.startswith('layers_') or int(k.split('_')[1]) < draft_layers
+    },
   }
-  draft = sd.Model(cfg.replace(num_decoder_layers=draft_layers),
-                   None).with_params(draft_params)
+  draft = sd.Model(
+    cfg.replace(num_decoder_layers=draft_layers), None
+  ).with_params(draft_params)
   return target, draft
 
 
@@ -75,8 +79,9 @@ def _median(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
-def run(cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int,
-        repeats: int) -> dict[str, Any]:
+def run(
+  cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int, repeats: int
+) -> dict[str, Any]:
   """Tokens/s of greedy and speculative decoding, ours and transformers'."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -88,31 +93,43 @@ def run(cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int,
   inputs = rng.integers(3, 1000, (1, 24)).astype(np.int32)
 
   ours_plain = sd.generate(target, inputs, max_decode_len=max_len)
-  ours_spec = sd.generate(target, inputs, draft=draft, gamma=gamma,
-                          max_decode_len=max_len)
-  t_plain = _median(lambda: sd.generate(target, inputs,
-                                        max_decode_len=max_len), repeats)
-  t_spec = _median(lambda: sd.generate(target, inputs, draft=draft,
-                                       gamma=gamma, max_decode_len=max_len),
-                   repeats)
+  ours_spec = sd.generate(
+    target, inputs, draft=draft, gamma=gamma, max_decode_len=max_len
+  )
+  t_plain = _median(
+    lambda: sd.generate(target, inputs, max_decode_len=max_len), repeats
+  )
+  t_spec = _median(
+    lambda: sd.generate(
+      target, inputs, draft=draft, gamma=gamma, max_decode_len=max_len
+    ),
+    repeats,
+  )
 
   torch.set_num_threads(max(1, torch.get_num_threads()))
   with tempfile.TemporaryDirectory() as tmp:
     hf_checkpoint.save_safetensors(target, f'{tmp}/target')
     hf_checkpoint.save_safetensors(draft, f'{tmp}/draft')
     hf_target = transformers.T5ForConditionalGeneration.from_pretrained(
-        f'{tmp}/target').eval()
+      f'{tmp}/target'
+    ).eval()
     hf_draft = transformers.T5ForConditionalGeneration.from_pretrained(
-        f'{tmp}/draft').eval()
+      f'{tmp}/draft'
+    ).eval()
   ids = torch.tensor(inputs, dtype=torch.long)
   mask = torch.ones_like(ids)
   # Resuming an encoder-decoder from its cache needs the decoder inputs and
   # their mask passed explicitly, or the assistant's guesses are discarded.
-  common = dict(input_ids=ids, attention_mask=mask,
-                decoder_input_ids=torch.zeros((1, 1), dtype=torch.long),
-                decoder_attention_mask=torch.ones((1, 1), dtype=torch.long),
-                max_new_tokens=max_len, min_new_tokens=max_len,
-                do_sample=False, num_beams=1)
+  common = dict(
+    input_ids=ids,
+    attention_mask=mask,
+    decoder_input_ids=torch.zeros((1, 1), dtype=torch.long),
+    decoder_attention_mask=torch.ones((1, 1), dtype=torch.long),
+    max_new_tokens=max_len,
+    min_new_tokens=max_len,
+    do_sample=False,
+    num_beams=1,
+  )
 
   def hf_plain():
     with torch.no_grad():
@@ -121,8 +138,11 @@ def run(cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int,
   def hf_assisted():
     with torch.no_grad():
       return hf_target.generate(
-          **common, assistant_model=hf_draft, num_assistant_tokens=gamma,
-          num_assistant_tokens_schedule='constant')
+        **common,
+        assistant_model=hf_draft,
+        num_assistant_tokens=gamma,
+        num_assistant_tokens_schedule='constant',
+      )
 
   hf_greedy = hf_plain().numpy()[0, 1:]
   hf_assist = hf_assisted().numpy()[0, 1:]
@@ -131,16 +151,19 @@ def run(cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int,
   ours_tps = max_len / t_spec
   hf_tps = max_len / th_assist
   return dict(
-      gamma=gamma, max_decode_len=max_len, draft_layers=draft_layers,
-      alpha=ours_spec.stats.alpha,
-      same_tokens_as_hf=bool((ours_plain.tokens[0] == hf_greedy).all()),
-      hf_assisted_equals_hf_greedy=bool((hf_assist == hf_greedy).all()),
-      ours_plain_tokens_per_s=max_len / t_plain,
-      ours_tokens_per_s=ours_tps,
-      hf_plain_tokens_per_s=max_len / th_plain,
-      hf_tokens_per_s=hf_tps,
-      ratio=ours_tps / hf_tps,
-      ours_speedup=t_plain / t_spec,
-      hf_speedup=th_plain / th_assist,
-      torch_threads=torch.get_num_threads(),
-      transformers=transformers.__version__)
+    gamma=gamma,
+    max_decode_len=max_len,
+    draft_layers=draft_layers,
+    alpha=ours_spec.stats.alpha,
+    same_tokens_as_hf=bool((ours_plain.tokens[0] == hf_greedy).all()),
+    hf_assisted_equals_hf_greedy=bool((hf_assist == hf_greedy).all()),
+    ours_plain_tokens_per_s=max_len / t_plain,
+    ours_tokens_per_s=ours_tps,
+    hf_plain_tokens_per_s=max_len / th_plain,
+    hf_tokens_per_s=hf_tps,
+    ratio=ours_tps / hf_tps,
+    ours_speedup=t_plain / t_spec,
+    hf_speedup=th_plain / th_assist,
+    torch_threads=torch.get_num_threads(),
+    transformers=transformers.__version__,
+  )

@@ -29,13 +29,20 @@ class KVCache:
   index: jax.Array
 
   @classmethod
-  def zeros(cls, num_layers: int, batch: int, length: int, num_heads: int,
-            head_dim: int, dtype) -> 'KVCache':
+  def zeros(
+    cls,
+    num_layers: int,
+    batch: int,
+    length: int,
+    num_heads: int,
+    head_dim: int,
+    dtype,
+  ) -> 'KVCache':
     shape = (batch, length, num_heads, head_dim)
     return cls(
-        keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-        values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-        index=jnp.zeros((batch,), jnp.int32),
+      keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      index=jnp.zeros((batch,), jnp.int32),
     )
 
   @property
@@ -53,8 +60,11 @@ def write(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   The caller guarantees `index[b] + T <= L` (dynamic_update_slice would
   otherwise clamp the offset and shift the write).
   """
-  return jax.vmap(lambda b, n, i: lax.dynamic_update_slice_in_dim(
-      b, n.astype(b.dtype), i, axis=0))(buffer, new, index)
+  return jax.vmap(
+    lambda b, n, i: lax.dynamic_update_slice_in_dim(
+      b, n.astype(b.dtype), i, axis=0
+    )
+  )(buffer, new, index)
 
 
 def query_positions(index: jax.Array, num_new: int) -> jax.Array:
@@ -64,4 +74,4 @@ def query_positions(index: jax.Array, num_new: int) -> jax.Array:
 
 def causal_mask(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
   """`[B, 1, T, L]` bool: key position `<=` query position, per row."""
-  return (k_pos[:, None, None, :] <= q_pos[:, None, :, None])
+  return k_pos[:, None, None, :] <= q_pos[:, None, :, None]

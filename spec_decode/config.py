@@ -50,16 +50,26 @@ class T5Config:
     object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))
     object.__setattr__(self, 'param_dtype', jnp.dtype(self.param_dtype))
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
-    for name in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
-                 'num_encoder_layers', 'num_decoder_layers'):
+    for name in (
+      'vocab_size',
+      'emb_dim',
+      'num_heads',
+      'head_dim',
+      'mlp_dim',
+      'num_encoder_layers',
+      'num_decoder_layers',
+    ):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
-        raise ValueError(f'T5Config.{name} must be a positive int, got '
-                         f'{value!r}')
+        raise ValueError(
+          f'T5Config.{name} must be a positive int, got {value!r}'
+        )
     for act in self.mlp_activations:
       if act not in _KNOWN_ACTIVATIONS:
-        raise ValueError(f'T5Config.mlp_activations: unknown activation '
-                         f'{act!r}; known: {sorted(_KNOWN_ACTIVATIONS)}')
+        raise ValueError(
+          f'T5Config.mlp_activations: unknown activation '
+          f'{act!r}; known: {sorted(_KNOWN_ACTIVATIONS)}'
+        )
 
   def replace(self, **changes) -> 'T5Config':
     return dataclasses.replace(self, **changes)
@@ -88,4 +98,5 @@ class T5Config:
 
 
 _KNOWN_ACTIVATIONS = frozenset(
-    {'relu', 'gelu', 'gelu_exact', 'silu', 'swish', 'linear'})
+  {'relu', 'gelu', 'gelu_exact', 'silu', 'swish', 'linear'}
+)

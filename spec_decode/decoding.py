@@ -77,11 +77,11 @@ class SpecCounters:
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> 'SpecCounters':
     return cls(
-        iterations=jnp.zeros((batch,), jnp.int32),
-        accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
-        position_tries=jnp.zeros((batch, gamma), jnp.int32),
-        position_accepts=jnp.zeros((batch, gamma), jnp.int32),
-        beta_sum=jnp.zeros((batch,), jnp.float32),
+      iterations=jnp.zeros((batch,), jnp.int32),
+      accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
+      position_tries=jnp.zeros((batch, gamma), jnp.int32),
+      position_accepts=jnp.zeros((batch, gamma), jnp.int32),
+      beta_sum=jnp.zeros((batch,), jnp.float32),
     )
 
 
@@ -108,12 +108,16 @@ class LoopState:
   counters: SpecCounters | None = None
 
 
-def position_keys(row_keys: jax.Array, positions: jax.Array,
-                  purpose: int) -> jax.Array:
+def position_keys(
+  row_keys: jax.Array, positions: jax.Array, purpose: int
+) -> jax.Array:
   """Keys `[B, T]` for output positions `[B, T]` of rows with `row_keys [B]`."""
+
   def one_row(key, pos):
     return jax.vmap(
-        lambda p: jax.random.fold_in(jax.random.fold_in(key, p), purpose))(pos)
+      lambda p: jax.random.fold_in(jax.random.fold_in(key, p), purpose)
+    )(pos)
+
   return jax.vmap(one_row)(row_keys, positions)
 
 
@@ -121,9 +125,12 @@ def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.take_along_axis(inputs, positions, axis=1)
 
 
-def _commit(state: LoopState, block: jax.Array, num_new: jax.Array,
-            settings: DecodeSettings) -> tuple[jax.Array, jax.Array,
-                                               jax.Array, jax.Array]:
+def _commit(
+  state: LoopState,
+  block: jax.Array,
+  num_new: jax.Array,
+  settings: DecodeSettings,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Appends up to `num_new [B]` tokens of `block [B, W]` per active row.
 
   Tokens after an EOS and past M are dropped. Returns the new inputs,
@@ -132,34 +139,39 @@ def _commit(state: LoopState, block: jax.Array, num_new: jax.Array,
   width = block.shape[1]
   offsets = jnp.arange(width)[None, :]
   is_eos = (block == settings.eos_id) & (offsets < num_new[:, None])
-  first_eos = jnp.where(jnp.any(is_eos, axis=1),
-                        jnp.argmax(is_eos, axis=1) + 1, width)
+  first_eos = jnp.where(
+    jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, width
+  )
   room = settings.max_decode_len - state.length
   kept = jnp.minimum(jnp.minimum(num_new, first_eos), room)
   kept = jnp.where(state.done, 0, kept)
   block = jnp.where(offsets < kept[:, None], block, PAD_ID)
   start = state.length + 1
   old = jax.vmap(lambda buf, s: lax.dynamic_slice_in_dim(buf, s, width))(
-      state.inputs, start)
+    state.inputs, start
+  )
   block = jnp.where(offsets < kept[:, None], block, old)
-  inputs = jax.vmap(lambda buf, blk, s: lax.dynamic_update_slice_in_dim(
-      buf, blk, s, axis=0))(state.inputs, block, start)
+  inputs = jax.vmap(
+    lambda buf, blk, s: lax.dynamic_update_slice_in_dim(buf, blk, s, axis=0)
+  )(state.inputs, block, start)
   length = state.length + kept
-  hit_eos = jnp.any((block == settings.eos_id) &
-                    (offsets < kept[:, None]), axis=1)
+  hit_eos = jnp.any(
+    (block == settings.eos_id) & (offsets < kept[:, None]), axis=1
+  )
   done = state.done | hit_eos | (length >= settings.max_decode_len)
   return inputs, length, done, kept
 
 
-def _init_loop(target: LanguageModel, encoder_tokens: jax.Array,
-               settings: DecodeSettings) -> LoopState:
+def _init_loop(
+  target: LanguageModel, encoder_tokens: jax.Array, settings: DecodeSettings
+) -> LoopState:
   batch = encoder_tokens.shape[0]
   return LoopState(
-      inputs=jnp.zeros((batch, settings.buffer_len), jnp.int32),
-      length=jnp.zeros((batch,), jnp.int32),
-      done=jnp.zeros((batch,), bool),
-      step=jnp.zeros((), jnp.int32),
-      target=target.init_state(encoder_tokens, settings.buffer_len),
+    inputs=jnp.zeros((batch, settings.buffer_len), jnp.int32),
+    length=jnp.zeros((batch,), jnp.int32),
+    done=jnp.zeros((batch,), bool),
+    step=jnp.zeros((), jnp.int32),
+    target=target.init_state(encoder_tokens, settings.buffer_len),
   )
 
 
@@ -168,7 +180,7 @@ def _not_finished(state: LoopState, settings: DecodeSettings) -> jax.Array:
 
 
 def _outputs(state: LoopState, settings: DecodeSettings):
-  tokens = state.inputs[:, 1:settings.max_decode_len + 1]
+  tokens = state.inputs[:, 1 : settings.max_decode_len + 1]
   return tokens, state.length
 
 
@@ -184,8 +196,12 @@ def _draw(sampler: sampling.Sampler, keys: jax.Array, logits: jax.Array):
   return jax.vmap(sampling.sample)(keys, probs), probs
 
 
-def plain_decode(target: LanguageModel, encoder_tokens: jax.Array,
-                 row_keys: jax.Array, settings: DecodeSettings):
+def plain_decode(
+  target: LanguageModel,
+  encoder_tokens: jax.Array,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+):
   """Autoregressive sampling from the target alone (T5X temperature_sample).
 
   Returns:
@@ -201,17 +217,24 @@ def plain_decode(target: LanguageModel, encoder_tokens: jax.Array,
     keys = position_keys(row_keys, (n + 1)[:, None], _SAMPLE)[:, 0]
     token, _ = _draw(sampler, keys, logits[:, 0])
     inputs, length, done, _ = _commit(
-        state, token[:, None], jnp.ones_like(n), settings)
-    return state.replace(inputs=inputs, length=length, done=done,
-                         step=state.step + 1, target=tgt)
+      state, token[:, None], jnp.ones_like(n), settings
+    )
+    return state.replace(
+      inputs=inputs, length=length, done=done, step=state.step + 1, target=tgt
+    )
 
   state = _init_loop(target, encoder_tokens, settings)
   state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
   return _outputs(state, settings)
 
 
-def _draft_block(draft: LanguageModel, draft_state, state: LoopState,
-                 row_keys: jax.Array, settings: DecodeSettings):
+def _draft_block(
+  draft: LanguageModel,
+  draft_state,
+  state: LoopState,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+):
   """Draws G tokens from the draft: one T=2 call, then a scan of T=1 calls.
 
   The draft lags one input behind the target (it never saw the last draft
@@ -244,8 +267,9 @@ def _draft_block(draft: LanguageModel, draft_state, state: LoopState,
 
   # Unrolled: the steps are small, and a rolled scan adds per-step loop
   # overhead inside the while_loop (measured in `make bench`).
-  (ds, _), (xs, qs) = lax.scan(step, (ds, x1),
-                               jnp.swapaxes(keys[:, 1:], 0, 1), unroll=True)
+  (ds, _), (xs, qs) = lax.scan(
+    step, (ds, x1), jnp.swapaxes(keys[:, 1:], 0, 1), unroll=True
+  )
   tokens = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
   if q1 is None:
     return tokens, None, ds
@@ -253,31 +277,46 @@ def _draft_block(draft: LanguageModel, draft_state, state: LoopState,
   return tokens, q, ds
 
 
-def _verify(settings: DecodeSettings, logits: jax.Array, q, draft_tokens,
-            row_keys: jax.Array, positions: jax.Array):
+def _verify(
+  settings: DecodeSettings,
+  logits: jax.Array,
+  q,
+  draft_tokens,
+  row_keys: jax.Array,
+  positions: jax.Array,
+):
   """Runs the verifier on target `logits [B, G+1, V]` and draft `q`."""
   g = settings.gamma
   sampler = settings.sampler
   verifier = settings.verifier
   greedy_path = getattr(verifier, 'greedy', None)
   if sampler.is_greedy and greedy_path is not None:
-    return greedy_path(jnp.argmax(logits, axis=-1).astype(jnp.int32),
-                       draft_tokens)
+    return greedy_path(
+      jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_tokens
+    )
   if q is None:  # Greedy draft, verifier without a greedy path.
     q = jax.nn.one_hot(draft_tokens, logits.shape[-1], dtype=jnp.float32)
-  uniforms = jax.vmap(jax.vmap(
-      lambda k: jax.random.uniform(k, dtype=jnp.float32)))(
-          position_keys(row_keys, positions[:, :g], _ACCEPT))
+  uniforms = jax.vmap(
+    jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))
+  )(position_keys(row_keys, positions[:, :g], _ACCEPT))
   return verifier(
-      sampler.probs(logits), q, draft_tokens, uniforms=uniforms,
-      bonus_keys=position_keys(row_keys, positions, _SAMPLE),
-      residual_keys=position_keys(row_keys, positions, _RESIDUAL),
-      greedy=sampler.is_greedy)
+    sampler.probs(logits),
+    q,
+    draft_tokens,
+    uniforms=uniforms,
+    bonus_keys=position_keys(row_keys, positions, _SAMPLE),
+    residual_keys=position_keys(row_keys, positions, _RESIDUAL),
+    greedy=sampler.is_greedy,
+  )
 
 
-def speculative_decode(target: LanguageModel, draft: LanguageModel,
-                       encoder_tokens: jax.Array, row_keys: jax.Array,
-                       settings: DecodeSettings):
+def speculative_decode(
+  target: LanguageModel,
+  draft: LanguageModel,
+  encoder_tokens: jax.Array,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+):
   """Algorithm 1 in a loop: G draft steps, one target call over G+1 inputs.
 
   Returns:
@@ -289,20 +328,23 @@ def speculative_decode(target: LanguageModel, draft: LanguageModel,
   def body(state: LoopState) -> LoopState:
     n = state.length
     active = ~state.done
-    draft_tokens, q, ds = _draft_block(draft, state.draft, state, row_keys,
-                                       settings)
+    draft_tokens, q, ds = _draft_block(
+      draft, state.draft, state, row_keys, settings
+    )
     newest = _gather(state.inputs, n[:, None])
     tgt = target.rollback(state.target, n)
     logits, tgt = target.score(
-        tgt, jnp.concatenate([newest, draft_tokens], axis=1))
+      tgt, jnp.concatenate([newest, draft_tokens], axis=1)
+    )
     positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
     result = _verify(settings, logits, q, draft_tokens, row_keys, positions)
     a = result.accepted
     offsets = jnp.arange(g + 1)[None]
     block = jnp.where(
-        offsets < a[:, None],
-        jnp.concatenate([draft_tokens, jnp.zeros_like(newest)], axis=1),
-        result.next_token[:, None])
+      offsets < a[:, None],
+      jnp.concatenate([draft_tokens, jnp.zeros_like(newest)], axis=1),
+      result.next_token[:, None],
+    )
     inputs, length, done, kept = _commit(state, block, a + 1, settings)
 
     c = state.counters
@@ -313,27 +355,35 @@ def speculative_decode(target: LanguageModel, draft: LanguageModel,
     accepted = tested & (offsets[:, :g] < a[:, None])
     act = active.astype(jnp.int32)
     counters = SpecCounters(
-        iterations=c.iterations + act,
-        accepted_histogram=c.accepted_histogram +
-        jax.nn.one_hot(a, g + 1, dtype=jnp.int32) * act[:, None],
-        position_tries=c.position_tries + tested,
-        position_accepts=c.position_accepts + accepted,
-        beta_sum=c.beta_sum + jnp.sum(jnp.where(tested, result.beta, 0.0),
-                                      axis=1),
+      iterations=c.iterations + act,
+      accepted_histogram=c.accepted_histogram
+      + jax.nn.one_hot(a, g + 1, dtype=jnp.int32) * act[:, None],
+      position_tries=c.position_tries + tested,
+      position_accepts=c.position_accepts + accepted,
+      beta_sum=c.beta_sum
+      + jnp.sum(jnp.where(tested, result.beta, 0.0), axis=1),
     )
-    return state.replace(inputs=inputs, length=length, done=done,
-                         step=state.step + 1, target=tgt, draft=ds,
-                         counters=counters)
+    return state.replace(
+      inputs=inputs,
+      length=length,
+      done=done,
+      step=state.step + 1,
+      target=tgt,
+      draft=ds,
+      counters=counters,
+    )
 
   state = _init_loop(target, encoder_tokens, settings)
   state = state.replace(
-      draft=draft.init_state(encoder_tokens, settings.buffer_len),
-      counters=SpecCounters.zeros(batch, g))
+    draft=draft.init_state(encoder_tokens, settings.buffer_len),
+    counters=SpecCounters.zeros(batch, g),
+  )
   state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
   tokens, lengths = _outputs(state, settings)
   return tokens, lengths, state.counters
 
 
 plain_decode_jit = jax.jit(plain_decode, static_argnames=('settings',))
-speculative_decode_jit = jax.jit(speculative_decode,
-                                 static_argnames=('settings',))
+speculative_decode_jit = jax.jit(
+  speculative_decode, static_argnames=('settings',)
+)

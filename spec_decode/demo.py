@@ -24,31 +24,49 @@ def _sharpen(model: sd.Model, scale: float) -> sd.Model:
 
 def _perturbed(model: sd.Model, scale: float, seed: int) -> sd.Model:
   rng = np.random.default_rng(seed)
-  return model.with_params(jax.tree.map(
-      lambda x: np.asarray(x) + scale * np.std(x) * rng.standard_normal(
-          x.shape).astype(np.float32), model.params))
+  return model.with_params(
+    jax.tree.map(
+      lambda x: (
+        np.asarray(x)
+        + scale * np.std(x) * rng.standard_normal(x.shape).astype(np.float32)
+      ),
+      model.params,
+    )
+  )
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='spec-decode demo',
-                                   description=__doc__)
+  parser = argparse.ArgumentParser(prog='spec-decode demo', description=__doc__)
   parser.add_argument('--batch', type=int, default=4)
   parser.add_argument('--gamma', type=int, default=4)
   parser.add_argument('--max_decode_len', type=int, default=32)
   args = parser.parse_args(argv)
 
-  cfg = sd.T5Config(vocab_size=256, emb_dim=128, num_heads=4, head_dim=32,
-                    mlp_dim=256, num_encoder_layers=2, num_decoder_layers=4,
-                    mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+  cfg = sd.T5Config(
+    vocab_size=256,
+    emb_dim=128,
+    num_heads=4,
+    head_dim=32,
+    mlp_dim=256,
+    num_encoder_layers=2,
+    num_decoder_layers=4,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+  )
   target = _sharpen(sd.Model.init(cfg, seed=0), 4.0)
   draft = _perturbed(target, 0.05, seed=1)
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, cfg.vocab_size, (args.batch, 12)).astype(np.int32)
-  print(f'target: {target}\ndraft:  target + 5% weight noise (random '
-        f'weights: this demo shows exactness and statistics, not speed)')
+  print(
+    f'target: {target}\ndraft:  target + 5% weight noise (random '
+    f'weights: this demo shows exactness and statistics, not speed)'
+  )
   for temperature in (0.0, 1.0):
-    kw = dict(temperature=temperature, max_decode_len=args.max_decode_len,
-              seed=np.arange(args.batch))
+    kw = dict(
+      temperature=temperature,
+      max_decode_len=args.max_decode_len,
+      seed=np.arange(args.batch),
+    )
     t0 = time.perf_counter()
     plain = sd.generate(target, inputs, **kw)
     t1 = time.perf_counter()
@@ -57,20 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     s = spec.stats
     print(f'\n== temperature {temperature} (gamma {args.gamma}) ==')
     for b in range(min(args.batch, 2)):
-      print(f'row {b} plain:       {plain.tokens[b, :plain.lengths[b]]}')
-      print(f'row {b} speculative: {spec.tokens[b, :spec.lengths[b]]}')
+      print(f'row {b} plain:       {plain.tokens[b, : plain.lengths[b]]}')
+      print(f'row {b} speculative: {spec.tokens[b, : spec.lengths[b]]}')
     same = (plain.tokens == spec.tokens).all(axis=1).mean()
-    print(f'rows identical to plain decoding: {same:.0%}'
-          + (' (expected 100% at temperature 0)' if temperature == 0 else
-             ' (sampling: same distribution, not the same draws)'))
-    print(f'alpha {s.alpha:.3f}  tokens/target call {s.tokens_per_call:.2f}'
-          f'  target calls {s.target_calls}  draft calls {s.draft_calls}')
-    print(f'accepted-per-iteration histogram (0..{args.gamma}): '
-          f'{s.accepted_histogram.tolist()}')
-    print('per-position acceptance: '
-          + ' '.join(f'{a:.2f}' for a in s.per_position_acceptance))
-    print(f'walltime incl. compile: plain {t1 - t0:.2f}s, speculative '
-          f'{t2 - t1:.2f}s')
+    print(
+      f'rows identical to plain decoding: {same:.0%}'
+      + (
+        ' (expected 100% at temperature 0)'
+        if temperature == 0
+        else ' (sampling: same distribution, not the same draws)'
+      )
+    )
+    print(
+      f'alpha {s.alpha:.3f}  tokens/target call {s.tokens_per_call:.2f}'
+      f'  target calls {s.target_calls}  draft calls {s.draft_calls}'
+    )
+    print(
+      f'accepted-per-iteration histogram (0..{args.gamma}): '
+      f'{s.accepted_histogram.tolist()}'
+    )
+    print(
+      'per-position acceptance: '
+      + ' '.join(f'{a:.2f}' for a in s.per_position_acceptance)
+    )
+    print(
+      f'walltime incl. compile: plain {t1 - t0:.2f}s, speculative '
+      f'{t2 - t1:.2f}s'
+    )
   return 0
 
 

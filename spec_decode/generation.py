@@ -55,28 +55,28 @@ class SpecStats:
     return len(self.per_position_acceptance)
 
   @classmethod
-  def from_counters(cls, counters: decoding.SpecCounters,
-                    lengths: np.ndarray) -> 'SpecStats':
+  def from_counters(
+    cls, counters: decoding.SpecCounters, lengths: np.ndarray
+  ) -> 'SpecStats':
     c = jax.tree.map(np.asarray, counters)
     gamma = c.position_tries.shape[1]
     tries = c.position_tries.sum(0)
     tested = c.position_tries.sum(1)
     iters = c.iterations
     return cls(
-        target_calls=int(iters.max(initial=0)),
-        draft_calls=int(iters.max(initial=0)) * gamma,
-        accepted_histogram=c.accepted_histogram.sum(0),
-        per_position_acceptance=c.position_accepts.sum(0) / np.maximum(tries,
-                                                                       1),
-        alpha=float(c.beta_sum.sum() / max(tested.sum(), 1)),
-        tokens_per_call=float(lengths.sum() / max(iters.sum(), 1)),
-        row_iterations=iters,
-        row_accepted_histogram=c.accepted_histogram,
-        row_alpha=c.beta_sum / np.maximum(tested, 1),
-        row_tokens_per_call=lengths / np.maximum(iters, 1),
-        row_position_tries=c.position_tries,
-        row_position_accepts=c.position_accepts,
-        row_beta_sum=c.beta_sum,
+      target_calls=int(iters.max(initial=0)),
+      draft_calls=int(iters.max(initial=0)) * gamma,
+      accepted_histogram=c.accepted_histogram.sum(0),
+      per_position_acceptance=c.position_accepts.sum(0) / np.maximum(tries, 1),
+      alpha=float(c.beta_sum.sum() / max(tested.sum(), 1)),
+      tokens_per_call=float(lengths.sum() / max(iters.sum(), 1)),
+      row_iterations=iters,
+      row_accepted_histogram=c.accepted_histogram,
+      row_alpha=c.beta_sum / np.maximum(tested, 1),
+      row_tokens_per_call=lengths / np.maximum(iters, 1),
+      row_position_tries=c.position_tries,
+      row_position_accepts=c.position_accepts,
+      row_beta_sum=c.beta_sum,
     )
 
 
@@ -103,24 +103,29 @@ def row_keys(seed: Any, batch: int) -> jax.Array:
   if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
     base = jax.random.key(int(seed))
     return jax.vmap(lambda r: jax.random.fold_in(base, r))(
-        jnp.arange(batch, dtype=jnp.uint32))
+      jnp.arange(batch, dtype=jnp.uint32)
+    )
   seeds = np.asarray(seed)
   if seeds.shape != (batch,) or not np.issubdtype(seeds.dtype, np.integer):
-    raise ValueError(f'seed must be an int or an int array of shape '
-                     f'[{batch}], got {seed!r}')
+    raise ValueError(
+      f'seed must be an int or an int array of shape [{batch}], got {seed!r}'
+    )
   return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
 def _check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:
   tokens = np.asarray(encoder_tokens)
   if tokens.ndim != 2:
-    raise ValueError(f'encoder_tokens must be 2-D [batch, length], got shape '
-                     f'{tokens.shape}')
+    raise ValueError(
+      f'encoder_tokens must be 2-D [batch, length], got shape {tokens.shape}'
+    )
   if not np.issubdtype(tokens.dtype, np.integer):
     raise ValueError(f'encoder_tokens must be integers, got {tokens.dtype}')
   if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-    raise ValueError(f'encoder_tokens ids must be in [0, {vocab_size}), got '
-                     f'[{tokens.min()}, {tokens.max()}]')
+    raise ValueError(
+      f'encoder_tokens ids must be in [0, {vocab_size}), got '
+      f'[{tokens.min()}, {tokens.max()}]'
+    )
   if tokens.shape[0] == 0 or tokens.shape[1] == 0:
     raise ValueError(f'encoder_tokens must be non-empty, got {tokens.shape}')
   return tokens.astype(np.int32)
@@ -129,21 +134,32 @@ def _check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:
 def check_pair(target: LanguageModel, draft: LanguageModel) -> None:
   """Raises ValueError unless draft and target share a vocabulary."""
   if draft.vocab_size != target.vocab_size:
-    raise ValueError(f'draft and target vocabularies differ: draft has '
-                     f'{draft.vocab_size} ids, target {target.vocab_size}')
+    raise ValueError(
+      f'draft and target vocabularies differ: draft has '
+      f'{draft.vocab_size} ids, target {target.vocab_size}'
+    )
   tv = getattr(target, 'vocabulary', None)
   dv = getattr(draft, 'vocabulary', None)
   if tv is not None and dv is not None and tv != dv:
-    raise ValueError('draft and target vocabularies differ (same size, '
-                     'different sentencepiece models)')
+    raise ValueError(
+      'draft and target vocabularies differ (same size, '
+      'different sentencepiece models)'
+    )
 
 
-def generate(model: LanguageModel, encoder_tokens: Any,
-             draft: LanguageModel | None = None, gamma: int = 4,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             max_decode_len: int = 64, seed: Any = 0,
-             eos_id: int = EOS_ID,
-             verifier: speculative.Verifier | None = None) -> GenerateOutput:
+def generate(
+  model: LanguageModel,
+  encoder_tokens: Any,
+  draft: LanguageModel | None = None,
+  gamma: int = 4,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  max_decode_len: int = 64,
+  seed: Any = 0,
+  eos_id: int = EOS_ID,
+  verifier: speculative.Verifier | None = None,
+) -> GenerateOutput:
   """Decodes `encoder_tokens [B, S]` (int, padded with 0).
 
   Args:
@@ -171,50 +187,71 @@ def generate(model: LanguageModel, encoder_tokens: Any,
   Returns:
     `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
   """
-  sampler = sampling.Sampler(float(temperature) if isinstance(
-      temperature, (int, float)) else temperature, top_k, top_p)
-  if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or (
-      gamma < 1):
+  sampler = sampling.Sampler(
+    float(temperature)
+    if isinstance(temperature, (int, float))
+    else temperature,
+    top_k,
+    top_p,
+  )
+  if (
+    isinstance(gamma, bool)
+    or not isinstance(gamma, (int, np.integer))
+    or (gamma < 1)
+  ):
     raise ValueError(f'gamma must be an int >= 1, got {gamma!r}')
-  if isinstance(max_decode_len, bool) or not isinstance(
-      max_decode_len, (int, np.integer)) or max_decode_len < 1:
-    raise ValueError(f'max_decode_len must be an int >= 1, got '
-                     f'{max_decode_len!r}')
+  if (
+    isinstance(max_decode_len, bool)
+    or not isinstance(max_decode_len, (int, np.integer))
+    or max_decode_len < 1
+  ):
+    raise ValueError(
+      f'max_decode_len must be an int >= 1, got {max_decode_len!r}'
+    )
   spans_hosts = multihost.is_global(encoder_tokens)
-  tokens = _check_tokens(multihost.local_data(encoder_tokens),
-                         model.vocab_size)
+  tokens = _check_tokens(multihost.local_data(encoder_tokens), model.vocab_size)
   if draft is not None:
     check_pair(model, draft)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
   keys = row_keys(seed, batch)
   settings = decoding.DecodeSettings(
-      max_decode_len=int(max_decode_len), sampler=sampler,
-      gamma=int(gamma) if draft is not None else 1,
-      verifier=verifier or speculative.ExactVerifier(), eos_id=eos_id)
+    max_decode_len=int(max_decode_len),
+    sampler=sampler,
+    gamma=int(gamma) if draft is not None else 1,
+    verifier=verifier or speculative.ExactVerifier(),
+    eos_id=eos_id,
+  )
   partitioner = partitioning.partitioner_of(model, draft)
   if partitioner is not None:
     model, draft = partitioner.place(model), partitioner.place(draft)
     enc, keys = _sharded_inputs(
-        partitioner, encoder_tokens if spans_hosts else tokens, keys)
+      partitioner, encoder_tokens if spans_hosts else tokens, keys
+    )
   elif spans_hosts:
-    raise ValueError('encoder_tokens span several hosts: the models must be '
-                     'sharded (Model.init/load(..., partitioner=...))')
+    raise ValueError(
+      'encoder_tokens span several hosts: the models must be '
+      'sharded (Model.init/load(..., partitioner=...))'
+    )
   else:
     enc = jnp.asarray(tokens)
   if draft is None:
-    out, lengths = multihost.to_host(decoding.plain_decode_jit(
-        model, enc, keys, settings=settings))
+    out, lengths = multihost.to_host(
+      decoding.plain_decode_jit(model, enc, keys, settings=settings)
+    )
     return GenerateOutput(out[:batch], lengths[:batch], None)
-  out, lengths, counters = multihost.to_host(decoding.speculative_decode_jit(
-      model, draft, enc, keys, settings=settings))
+  out, lengths, counters = multihost.to_host(
+    decoding.speculative_decode_jit(model, draft, enc, keys, settings=settings)
+  )
   counters = jax.tree.map(lambda x: x[:batch], counters)
   lengths = lengths[:batch]
-  return GenerateOutput(out[:batch], lengths,
-                        SpecStats.from_counters(counters, lengths))
+  return GenerateOutput(
+    out[:batch], lengths, SpecStats.from_counters(counters, lengths)
+  )
 
 
-def _sharded_inputs(partitioner: partitioning.Partitioner, tokens: Any,
-                    keys: jax.Array):
+def _sharded_inputs(
+  partitioner: partitioning.Partitioner, tokens: Any, keys: jax.Array
+):
   """Encoder tokens and row keys with the batch on `data`.
 
   Pads the batch to a multiple of the `data` size with copies of the last
@@ -225,8 +262,10 @@ def _sharded_inputs(partitioner: partitioning.Partitioner, tokens: Any,
   padded = partitioner.padded_batch(batch)
   if padded != batch:
     if multihost.is_global(tokens):
-      raise ValueError(f'a batch of {batch} rows spanning hosts must be a '
-                       f'multiple of the data axis ({partitioner.data_size})')
+      raise ValueError(
+        f'a batch of {batch} rows spanning hosts must be a '
+        f'multiple of the data axis ({partitioner.data_size})'
+      )
     extra = padded - batch
     tokens = np.concatenate([tokens, np.repeat(tokens[-1:], extra, 0)])
     keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])

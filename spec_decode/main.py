@@ -1,11 +1,11 @@
 """The `spec-decode` command line: one subcommand per job.
 
-  spec-decode demo     short end-to-end decode on random tiny models
-  spec-decode eval     gin-configured eval run (plain vs speculative)
-  spec-decode train    gin-configured training (the demo pair)
-  spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
-  spec-decode theory   the paper's section 3 tables and figures
-  spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
+spec-decode demo     short end-to-end decode on random tiny models
+spec-decode eval     gin-configured eval run (plain vs speculative)
+spec-decode train    gin-configured training (the demo pair)
+spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
+spec-decode theory   the paper's section 3 tables and figures
+spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
 """
 
 import importlib
@@ -14,12 +14,12 @@ import sys
 # Subcommand -> module with `main(argv) -> int`. Imported lazily so that
 # `spec-decode theory` does not pay for JAX start-up, and so on.
 _COMMANDS = {
-    'demo': 'spec_decode.demo',
-    'eval': 'spec_decode.eval_cli',
-    'train': 'spec_decode.train',
-    'bench': 'spec_decode.bench',
-    'theory': 'spec_decode.theory_cli',
-    'convert': 'spec_decode.convert',
+  'demo': 'spec_decode.demo',
+  'eval': 'spec_decode.eval_cli',
+  'train': 'spec_decode.train',
+  'bench': 'spec_decode.bench',
+  'theory': 'spec_decode.theory_cli',
+  'convert': 'spec_decode.convert',
 }
 _DEFAULT = 'demo'
 # Jobs that may run on a TPU pod: every host joins before JAX is used.
@@ -33,11 +33,15 @@ def run(argv: list[str] | None = None) -> int:
     return 0
   command = argv.pop(0) if argv and not argv[0].startswith('-') else _DEFAULT
   if command not in _COMMANDS:
-    print(f'spec-decode: unknown command {command!r}; one of '
-          f'{", ".join(sorted(_COMMANDS))}', file=sys.stderr)
+    print(
+      f'spec-decode: unknown command {command!r}; one of '
+      f'{", ".join(sorted(_COMMANDS))}',
+      file=sys.stderr,
+    )
     return 2
   if command in _MULTIHOST:
     from spec_decode import multihost  # pylint: disable=g-import-not-at-top
+
     multihost.initialize()
   module = importlib.import_module(_COMMANDS[command])
   return int(module.main(argv) or 0)

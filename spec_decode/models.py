@@ -62,8 +62,14 @@ class Model:
 
   partitioner: Any = None
 
-  def __init__(self, config: T5Config, params: Any, vocabulary: Any = None,
-               packed: Any = None, partitioner: Any = None):
+  def __init__(
+    self,
+    config: T5Config,
+    params: Any,
+    vocabulary: Any = None,
+    packed: Any = None,
+    partitioner: Any = None,
+  ):
     """Wraps weights; packs them for the CPU kernel when that is on.
 
     Args:
@@ -73,8 +79,12 @@ class Model:
       packed: packed decoder weights; None packs them here if
         `cpu_kernel_enabled(config)` and `params` are concrete arrays.
     """
-    if (packed is None and partitioner is None and
-        cpu_kernel_enabled(config) and _concrete(params)):
+    if (
+      packed is None
+      and partitioner is None
+      and cpu_kernel_enabled(config)
+      and _concrete(params)
+    ):
       packed = pack_decoder(config, params)
     self.config = config
     self.params = params
@@ -84,8 +94,11 @@ class Model:
 
   # -- pytree ---------------------------------------------------------------
   def tree_flatten(self):
-    return (self.params, self.packed), (self.config, self.vocabulary,
-                                        self.partitioner)
+    return (self.params, self.packed), (
+      self.config,
+      self.vocabulary,
+      self.partitioner,
+    )
 
   @classmethod
   def tree_unflatten(cls, aux, children):
@@ -105,8 +118,13 @@ class Model:
     return network.Transformer(self.config)
 
   @classmethod
-  def init(cls, config: T5Config, seed: int = 0, vocabulary: Any = None,
-           partitioner: Any = None) -> 'Model':
+  def init(
+    cls,
+    config: T5Config,
+    seed: int = 0,
+    vocabulary: Any = None,
+    partitioner: Any = None,
+  ) -> 'Model':
     """Random weights with T5X's initializers (created in their shards when
     a `partitioner` is given; the values do not depend on it)."""
     params = _init_params(config, jax.random.key(seed), partitioner)
@@ -119,17 +137,20 @@ class Model:
     With a `partitioner`, each tensor goes straight into its shards.
     """
     from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+
     return checkpoints.load(path, partitioner=partitioner, **kwargs)
 
   def save(self, path: str) -> None:
     """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
     from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+
     checkpoints.save(self, path)
 
   @classmethod
   def from_gin(cls, gin_file: str, seed: int = 0, **kwargs) -> 'Model':
     """Random weights for the T5Config a gin model file describes."""
     from spec_decode import gin_models  # pylint: disable=g-import-not-at-top
+
     return cls.init(gin_models.config_from_gin(gin_file, **kwargs), seed=seed)
 
   def param_axes(self) -> Any:
@@ -141,11 +162,15 @@ class Model:
     jitted calls do not copy host arrays in on every call; packed again for
     the CPU kernel when that is on; put into their shards when sharded)."""
     if self.partitioner is not None:
-      return Model(self.config,
-                   self.partitioner.put_params(self.config, params),
-                   self.vocabulary, partitioner=self.partitioner)
-    return Model(self.config, jax.tree.map(jnp.asarray, params),
-                 self.vocabulary)
+      return Model(
+        self.config,
+        self.partitioner.put_params(self.config, params),
+        self.vocabulary,
+        partitioner=self.partitioner,
+      )
+    return Model(
+      self.config, jax.tree.map(jnp.asarray, params), self.vocabulary
+    )
 
   # -- CPU kernel -----------------------------------------------------------
   def pack_for_cpu(self, dtype: Any = None) -> 'Model':
@@ -158,8 +183,12 @@ class Model:
       dtype: float32 or bfloat16 (half the bytes read; weights rounded);
         default: bfloat16 if `config.param_dtype` is, else float32.
     """
-    return Model(self.config, self.params, self.vocabulary,
-                 packed=pack_decoder(self.config, self.params, dtype))
+    return Model(
+      self.config,
+      self.params,
+      self.vocabulary,
+      packed=pack_decoder(self.config, self.params, dtype),
+    )
 
   def unpacked(self) -> 'Model':
     """This model without packed weights: decoding uses `jnp.dot`."""
@@ -176,8 +205,11 @@ class Model:
   # -- scoring --------------------------------------------------------------
   def logits(self, encoder_tokens, decoder_input_tokens) -> jax.Array:
     """Teacher-forced float32 logits `[B, T, V]`."""
-    return _logits_jit(self, jnp.asarray(encoder_tokens, jnp.int32),
-                       jnp.asarray(decoder_input_tokens, jnp.int32))
+    return _logits_jit(
+      self,
+      jnp.asarray(encoder_tokens, jnp.int32),
+      jnp.asarray(decoder_input_tokens, jnp.int32),
+    )
 
   def log_probs(self, encoder_tokens, decoder_tokens) -> jax.Array:
     """`log p(x_t | x_<t, input)` at temperature 1, `[B, T]`.
@@ -186,28 +218,42 @@ class Model:
     internally. Every position is scored, including padding after EOS:
     callers mask what they do not want.
     """
-    return _log_probs_jit(self, jnp.asarray(encoder_tokens, jnp.int32),
-                          jnp.asarray(decoder_tokens, jnp.int32))
+    return _log_probs_jit(
+      self,
+      jnp.asarray(encoder_tokens, jnp.int32),
+      jnp.asarray(decoder_tokens, jnp.int32),
+    )
 
   # -- language-model protocol ------------------------------------------------
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
-  def init_state(self, encoder_tokens: jax.Array,
-                 length: int) -> T5DecodeState:
+  def init_state(self, encoder_tokens: jax.Array, length: int) -> T5DecodeState:
     cfg = self.config
-    cross = self.module.apply(self._decode_variables(), encoder_tokens,
-                              method=network.Transformer.prepare_decoder)
-    cache = cache_lib.KVCache.zeros(cfg.num_decoder_layers,
-                                    encoder_tokens.shape[0], length,
-                                    cfg.num_heads, cfg.head_dim, cfg.dtype)
+    cross = self.module.apply(
+      self._decode_variables(),
+      encoder_tokens,
+      method=network.Transformer.prepare_decoder,
+    )
+    cache = cache_lib.KVCache.zeros(
+      cfg.num_decoder_layers,
+      encoder_tokens.shape[0],
+      length,
+      cfg.num_heads,
+      cfg.head_dim,
+      cfg.dtype,
+    )
     return self._constrain(T5DecodeState(cross=cross, cache=cache))
 
   def score(self, state: T5DecodeState, tokens: jax.Array):
     logits, cache = self.module.apply(
-        self._decode_variables(), tokens, state.cross, state.cache,
-        method=network.Transformer.decode)
+      self._decode_variables(),
+      tokens,
+      state.cross,
+      state.cache,
+      method=network.Transformer.decode,
+    )
     return logits, self._constrain(state.replace(cache=cache))
 
   def _constrain(self, state: T5DecodeState) -> T5DecodeState:
@@ -229,22 +275,29 @@ def cpu_kernel_enabled(config: T5Config) -> bool:
   if not config.cpu_kernel or jax.default_backend() != 'cpu':
     return False
   from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
+
   return ops.available()
 
 
 def _concrete(params: Any) -> bool:
   leaves = jax.tree.leaves(params)
   return bool(leaves) and all(
-      isinstance(x, (np.ndarray, jax.Array)) and
-      not isinstance(x, jax.core.Tracer) for x in leaves)
+    isinstance(x, (np.ndarray, jax.Array))
+    and not isinstance(x, jax.core.Tracer)
+    for x in leaves
+  )
 
 
 # Decoder weights `score` multiplies by, per layer (cross-attention keys and
 # values are projected once per input, from many rows: not packed).
-_DECODE_DENSE = (('self_attention', 'query'), ('self_attention', 'key'),
-                 ('self_attention', 'value'), ('self_attention', 'out'),
-                 ('encoder_decoder_attention', 'query'),
-                 ('encoder_decoder_attention', 'out'))
+_DECODE_DENSE = (
+  ('self_attention', 'query'),
+  ('self_attention', 'key'),
+  ('self_attention', 'value'),
+  ('self_attention', 'out'),
+  ('encoder_decoder_attention', 'query'),
+  ('encoder_decoder_attention', 'out'),
+)
 
 
 def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
@@ -263,9 +316,13 @@ def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
     the logits are tied to it.
   """
   from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
+
   if dtype is None:
-    dtype = (jnp.bfloat16 if jnp.dtype(config.param_dtype) == jnp.bfloat16
-             else jnp.float32)
+    dtype = (
+      jnp.bfloat16
+      if jnp.dtype(config.param_dtype) == jnp.bfloat16
+      else jnp.float32
+    )
 
   def pack(w):
     return ops.pack(np.asarray(w), dtype)
@@ -277,17 +334,19 @@ def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
     out = {}
     for block, name in _DECODE_DENSE:
       out.setdefault(block, {})[name] = {
-          'kernel': pack(layer[block][name]['kernel'])}
-    out['mlp'] = {name: {'kernel': pack(sub['kernel'])}
-                  for name, sub in layer['mlp'].items()}
+        'kernel': pack(layer[block][name]['kernel'])
+      }
+    out['mlp'] = {
+      name: {'kernel': pack(sub['kernel'])}
+      for name, sub in layer['mlp'].items()
+    }
     packed_dec[f'layers_{i}'] = out
   packed = {'decoder': packed_dec}
   if config.logits_via_embedding:
     emb = np.asarray(params['token_embedder']['embedding'])
     packed['token_embedder'] = {'attend': pack(emb.T)}
   else:
-    packed_dec['logits_dense'] = {
-        'kernel': pack(dec['logits_dense']['kernel'])}
+    packed_dec['logits_dense'] = {'kernel': pack(dec['logits_dense']['kernel'])}
   return packed
 
 
@@ -295,8 +354,9 @@ def _dummy_inputs():
   return jnp.ones((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
 
 
-def _init_params(config: T5Config, key: jax.Array,
-                 partitioner: Any = None) -> Any:
+def _init_params(
+  config: T5Config, key: jax.Array, partitioner: Any = None
+) -> Any:
   module = network.Transformer(config)
   if partitioner is None:
     variables = jax.jit(module.init)(key, *_dummy_inputs())
@@ -321,8 +381,9 @@ def shift_right(tokens: jax.Array) -> jax.Array:
 
 @jax.jit
 def _logits_jit(model: Model, encoder_tokens, decoder_input_tokens):
-  return model.module.apply({'params': model.params}, encoder_tokens,
-                            decoder_input_tokens)
+  return model.module.apply(
+    {'params': model.params}, encoder_tokens, decoder_input_tokens
+  )
 
 
 @jax.jit

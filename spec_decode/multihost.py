@@ -46,13 +46,16 @@ def is_initialized() -> bool:
   if is_init is not None:
     return bool(is_init())
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
   return distributed.global_state.client is not None
 
 
-def initialize(coordinator_address: str | None = None,
-               num_processes: int | None = None,
-               process_id: int | None = None,
-               enabled: bool | None = None) -> bool:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  enabled: bool | None = None,
+) -> bool:
   """Connects the hosts of a pod; a no-op on a single host.
 
   Must run before the first JAX computation. Calls
@@ -78,18 +81,26 @@ def initialize(coordinator_address: str | None = None,
     return False
   if is_initialized():
     return True
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes,
-                             process_id=process_id)
-  _log.info('process %d of %d, %d local devices of %d',
-            jax.process_index(), jax.process_count(),
-            jax.local_device_count(), jax.device_count())
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address,
+    num_processes=num_processes,
+    process_id=process_id,
+  )
+  _log.info(
+    'process %d of %d, %d local devices of %d',
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   return True
 
 
-def local_batch_slice(global_batch: int,
-                      process_index: int | None = None,
-                      process_count: int | None = None) -> slice:
+def local_batch_slice(
+  global_batch: int,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> slice:
   """The rows of a global batch this host feeds, as a contiguous slice.
 
   Hosts feed equal consecutive blocks in process order, which is how
@@ -103,14 +114,17 @@ def local_batch_slice(global_batch: int,
   index = jax.process_index() if process_index is None else process_index
   count = jax.process_count() if process_count is None else process_count
   if global_batch % count:
-    raise ValueError(f'global batch {global_batch} does not split over '
-                     f'{count} hosts; pad it to a multiple of {count}')
+    raise ValueError(
+      f'global batch {global_batch} does not split over '
+      f'{count} hosts; pad it to a multiple of {count}'
+    )
   per_host = global_batch // count
   return slice(index * per_host, (index + 1) * per_host)
 
 
-def global_batch(partitioner, local_rows: Any,
-                 global_batch_size: int | None = None) -> jax.Array:
+def global_batch(
+  partitioner, local_rows: Any, global_batch_size: int | None = None
+) -> jax.Array:
   """This host's rows `[b, ...]` -> the global array `[B, ...]` on `data`.
 
   Args:
@@ -129,7 +143,8 @@ def global_batch(partitioner, local_rows: Any,
   if global_batch_size is not None:
     shape = (global_batch_size,) + local_rows.shape[1:]
   return jax.make_array_from_process_local_data(
-      partitioner.batch_sharding(local_rows.ndim), local_rows, shape)
+    partitioner.batch_sharding(local_rows.ndim), local_rows, shape
+  )
 
 
 def is_global(x: Any) -> bool:
@@ -160,11 +175,11 @@ def to_host(tree: Any) -> Any:
   """
   leaves, treedef = jax.tree.flatten(tree)
   spread = [i for i, x in enumerate(leaves) if is_global(x)]
-  out = [None if i in spread else np.asarray(x)
-         for i, x in enumerate(leaves)]
+  out = [None if i in spread else np.asarray(x) for i, x in enumerate(leaves)]
   if spread:
     gathered = multihost_utils.process_allgather(
-        [leaves[i] for i in spread], tiled=True)
+      [leaves[i] for i in spread], tiled=True
+    )
     for i, value in zip(spread, gathered, strict=True):
       out[i] = np.asarray(value)
   return jax.tree.unflatten(treedef, out)

@@ -50,8 +50,11 @@ _PACKED_MAX_K = 1 << 62
 
 def _param(module: nn.Module, name: str, init: Callable, shape, axes):
   return module.param(
-      name, nn.with_logical_partitioning(init, axes), shape,
-      module.config.param_dtype)
+    name,
+    nn.with_logical_partitioning(init, axes),
+    shape,
+    module.config.param_dtype,
+  )
 
 
 def _kernel_init(scale: float = 1.0, distribution: str = 'normal'):
@@ -78,11 +81,13 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = self.dtype or self.config.dtype
-    kernel = _param(self, 'kernel', self.init, (x.shape[-1], self.features),
-                    self.kernel_axes)
+    kernel = _param(
+      self, 'kernel', self.init, (x.shape[-1], self.features), self.kernel_axes
+    )
     if self.has_variable(PACKED, 'kernel'):
-      return _packed_matmul(x.astype(dtype), self.get_variable(PACKED,
-                                                               'kernel'))
+      return _packed_matmul(
+        x.astype(dtype), self.get_variable(PACKED, 'kernel')
+      )
     return jnp.dot(x.astype(dtype), kernel.astype(dtype))
 
 
@@ -93,11 +98,12 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = _param(self, 'scale', nn.initializers.ones, (x.shape[-1],),
-                   ('embed',))
+    scale = _param(
+      self, 'scale', nn.initializers.ones, (x.shape[-1],), ('embed',)
+    )
     x32 = x.astype(jnp.float32)
     var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    y = (x32 * jax.lax.rsqrt(var + self.config.layer_norm_epsilon))
+    y = x32 * jax.lax.rsqrt(var + self.config.layer_norm_epsilon)
     return y.astype(self.config.dtype) * scale.astype(self.config.dtype)
 
 
@@ -108,8 +114,13 @@ class Embed(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embedding = _param(self, 'embedding', nn.initializers.normal(1.0),
-                            (cfg.vocab_size, cfg.emb_dim), ('vocab', 'embed'))
+    self.embedding = _param(
+      self,
+      'embedding',
+      nn.initializers.normal(1.0),
+      (cfg.vocab_size, cfg.emb_dim),
+      ('vocab', 'embed'),
+    )
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     return jnp.take(self.embedding, tokens, axis=0).astype(self.config.dtype)
@@ -117,13 +128,18 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """Tied logits `x @ embedding.T`, float32 (packed `attend` if present)."""
     if self.has_variable(PACKED, 'attend'):
-      return _packed_matmul(x.astype(jnp.float32),
-                            self.get_variable(PACKED, 'attend'))
+      return _packed_matmul(
+        x.astype(jnp.float32), self.get_variable(PACKED, 'attend')
+      )
     return jnp.dot(x.astype(jnp.float32), self.embedding.astype(jnp.float32).T)
 
 
-def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
-                             num_buckets: int, max_distance: int) -> jax.Array:
+def relative_position_bucket(
+  relative_position: jax.Array,
+  bidirectional: bool,
+  num_buckets: int,
+  max_distance: int,
+) -> jax.Array:
   """T5's log-spaced buckets of `key_pos - query_pos` (Mesh TF's arithmetic)."""
   n = -relative_position
   bucket = jnp.zeros_like(n)
@@ -136,8 +152,10 @@ def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
   max_exact = num_buckets // 2
   n_safe = jnp.maximum(n, 1).astype(jnp.float32)
   large = max_exact + (
-      jnp.log(n_safe / max_exact) / math.log(max_distance / max_exact) *
-      (num_buckets - max_exact)).astype(n.dtype)
+    jnp.log(n_safe / max_exact)
+    / math.log(max_distance / max_exact)
+    * (num_buckets - max_exact)
+  ).astype(n.dtype)
   large = jnp.minimum(large, num_buckets - 1)
   return bucket + jnp.where(n < max_exact, n, large)
 
@@ -153,14 +171,18 @@ class RelativePositionBiases(nn.Module):
     """`q_pos [B, Tq]`, `k_pos [B, Tk]` int32 -> bias `[B, H, Tq, Tk]`."""
     cfg = self.config
     table = _param(
-        self, 'rel_embedding',
-        nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-        (cfg.num_heads, cfg.relative_attention_num_buckets),
-        ('heads', 'relpos_buckets'))
+      self,
+      'rel_embedding',
+      nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
+      (cfg.num_heads, cfg.relative_attention_num_buckets),
+      ('heads', 'relpos_buckets'),
+    )
     buckets = relative_position_bucket(
-        k_pos[:, None, :] - q_pos[:, :, None], self.bidirectional,
-        cfg.relative_attention_num_buckets,
-        cfg.relative_attention_max_distance)  # [B, Tq, Tk]
+      k_pos[:, None, :] - q_pos[:, :, None],
+      self.bidirectional,
+      cfg.relative_attention_num_buckets,
+      cfg.relative_attention_max_distance,
+    )  # [B, Tq, Tk]
     bias = jnp.take(table.astype(cfg.dtype).T, buckets, axis=0)
     return jnp.transpose(bias, (0, 3, 1, 2))
 
@@ -178,8 +200,9 @@ class Attention(nn.Module):
     self.query = proj(init=q_init)
     self.key = proj(init=_kernel_init())
     self.value = proj(init=_kernel_init())
-    self.out = Dense(cfg, cfg.emb_dim, ('joined_kv', 'embed'),
-                     init=_kernel_init())
+    self.out = Dense(
+      cfg, cfg.emb_dim, ('joined_kv', 'embed'), init=_kernel_init()
+    )
 
   def _heads(self, x: jax.Array) -> jax.Array:
     cfg = self.config
@@ -189,8 +212,9 @@ class Attention(nn.Module):
     """`[B, S, D]` -> keys and values `[B, S, H, Dh]`."""
     return self._heads(self.key(x)), self._heads(self.value(x))
 
-  def __call__(self, x: jax.Array, keys: jax.Array, values: jax.Array,
-               bias: jax.Array) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, keys: jax.Array, values: jax.Array, bias: jax.Array
+  ) -> jax.Array:
     """Attends `x [B, T, D]` to `keys/values [B, L, H, Dh]`.
 
     Args:
@@ -215,12 +239,12 @@ class Attention(nn.Module):
 
 
 _ACTIVATIONS = {
-    'relu': jax.nn.relu,
-    'gelu': functools.partial(jax.nn.gelu, approximate=True),
-    'gelu_exact': functools.partial(jax.nn.gelu, approximate=False),
-    'silu': jax.nn.silu,
-    'swish': jax.nn.silu,
-    'linear': lambda x: x,
+  'relu': jax.nn.relu,
+  'gelu': functools.partial(jax.nn.gelu, approximate=True),
+  'gelu_exact': functools.partial(jax.nn.gelu, approximate=False),
+  'silu': jax.nn.silu,
+  'swish': jax.nn.silu,
+  'linear': lambda x: x,
 }
 
 
@@ -244,8 +268,7 @@ class MlpBlock(nn.Module):
     return Dense(cfg, cfg.emb_dim, ('mlp', 'embed'), init=init, name='wo')(h)
 
 
-def _dropout(module: nn.Module, x: jax.Array,
-             deterministic: bool) -> jax.Array:
+def _dropout(module: nn.Module, x: jax.Array, deterministic: bool) -> jax.Array:
   """T5 dropout, shared across the length axis; a no-op at inference."""
   rate = module.config.dropout_rate
   if deterministic or rate == 0.0:
@@ -266,8 +289,9 @@ class EncoderLayer(nn.Module):
     k, v = attn.project_kv(h)
     x = x + _dropout(self, attn(h, k, v, bias), deterministic)
     h = RMSNorm(cfg, name='pre_mlp_layer_norm')(x)
-    return x + _dropout(self, MlpBlock(cfg, name='mlp')(h, deterministic),
-                        deterministic)
+    return x + _dropout(
+      self, MlpBlock(cfg, name='mlp')(h, deterministic), deterministic
+    )
 
 
 class DecoderLayer(nn.Module):
@@ -285,8 +309,17 @@ class DecoderLayer(nn.Module):
   def cross_kv(self, encoded):
     return self.encoder_decoder_attention.project_kv(encoded)
 
-  def __call__(self, x, self_bias, cross_k, cross_v, cross_bias, cache_kv,
-               index, deterministic=True):
+  def __call__(
+    self,
+    x,
+    self_bias,
+    cross_k,
+    cross_v,
+    cross_bias,
+    cache_kv,
+    index,
+    deterministic=True,
+  ):
     """One layer; with `cache_kv=(k, v)` writes this call's keys at `index`.
 
     Returns:
@@ -298,12 +331,15 @@ class DecoderLayer(nn.Module):
     if cache_kv is not None:
       k = cache_lib.write(cache_kv[0], k, index)
       v = cache_lib.write(cache_kv[1], v, index)
-    x = x + _dropout(self, self.self_attention(h, k, v, self_bias),
-                     deterministic)
+    x = x + _dropout(
+      self, self.self_attention(h, k, v, self_bias), deterministic
+    )
     h = self.pre_cross_attention_layer_norm(x)
     x = x + _dropout(
-        self, self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias),
-        deterministic)
+      self,
+      self.encoder_decoder_attention(h, cross_k, cross_v, cross_bias),
+      deterministic,
+    )
     h = self.pre_mlp_layer_norm(x)
     x = x + _dropout(self, self.mlp(h, deterministic), deterministic)
     return x, (k, v)
@@ -322,8 +358,9 @@ class Encoder(nn.Module):
     """`tokens [B, S]` (0 = padding) -> encoded `[B, S, D]`."""
     cfg = self.config
     valid = tokens > 0
-    pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32),
-                           tokens.shape)
+    pos = jnp.broadcast_to(
+      jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+    )
     bias = RelativePositionBiases(cfg, True, name='relpos_bias')(pos, pos)
     mask = valid[:, None, :, None] & valid[:, None, None, :]
     bias = bias + _mask_to_bias(mask)
@@ -359,18 +396,25 @@ class Decoder(nn.Module):
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = RMSNorm(cfg)
     if not cfg.logits_via_embedding:
-      self.logits_dense = Dense(cfg, cfg.vocab_size, ('embed', 'vocab'),
-                                dtype=jnp.float32)
+      self.logits_dense = Dense(
+        cfg, cfg.vocab_size, ('embed', 'vocab'), dtype=jnp.float32
+      )
 
   def precompute_cross_attention(self, encoded, encoder_tokens):
     kv = [layer.cross_kv(encoded) for layer in self.layers]
     return CrossAttentionKV(
-        keys=tuple(k for k, _ in kv), values=tuple(v for _, v in kv),
-        encoder_valid=encoder_tokens > 0)
+      keys=tuple(k for k, _ in kv),
+      values=tuple(v for _, v in kv),
+      encoder_valid=encoder_tokens > 0,
+    )
 
-  def __call__(self, tokens, cross: CrossAttentionKV,
-               cache: cache_lib.KVCache | None = None,
-               deterministic: bool = True):
+  def __call__(
+    self,
+    tokens,
+    cross: CrossAttentionKV,
+    cache: cache_lib.KVCache | None = None,
+    deterministic: bool = True,
+  ):
     """Decoder inputs `tokens [B, T]` -> float32 logits `[B, T, V]`.
 
     Without a cache the T tokens are the whole (teacher-forced) prefix, at
@@ -387,29 +431,41 @@ class Decoder(nn.Module):
       index = cache.index
       q_pos = cache_lib.query_positions(index, t)
       k_pos = jnp.broadcast_to(
-          jnp.arange(cache.length, dtype=jnp.int32), (b, cache.length))
+        jnp.arange(cache.length, dtype=jnp.int32), (b, cache.length)
+      )
     self_bias = self.relpos_bias(q_pos, k_pos) + _mask_to_bias(
-        cache_lib.causal_mask(q_pos, k_pos))
+      cache_lib.causal_mask(q_pos, k_pos)
+    )
     cross_bias = _mask_to_bias(cross.encoder_valid[:, None, None, :])
 
     x = _dropout(self, self.shared_embedding(tokens), deterministic)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
-      x, (k, v) = layer(x, self_bias, cross.keys[i], cross.values[i],
-                        cross_bias, kv, index, deterministic)
+      x, (k, v) = layer(
+        x,
+        self_bias,
+        cross.keys[i],
+        cross.values[i],
+        cross_bias,
+        kv,
+        index,
+        deterministic,
+      )
       new_k.append(k)
       new_v.append(v)
     x = _dropout(self, self.decoder_norm(x), deterministic)
     if cfg.logits_via_embedding:
       logits = self.shared_embedding.attend(x) / jnp.sqrt(
-          jnp.float32(cfg.emb_dim))
+        jnp.float32(cfg.emb_dim)
+      )
     else:
       logits = self.logits_dense(x)
     if cache is None:
       return logits, None
-    new_cache = cache_lib.KVCache(keys=tuple(new_k), values=tuple(new_v),
-                                  index=index + t)
+    new_cache = cache_lib.KVCache(
+      keys=tuple(new_k), values=tuple(new_v), index=index + t
+    )
     return logits, new_cache
 
 
@@ -434,8 +490,9 @@ class Transformer(nn.Module):
   def decode(self, tokens, cross, cache=None, deterministic: bool = True):
     return self.decoder(tokens, cross, cache, deterministic)
 
-  def __call__(self, encoder_tokens, decoder_input_tokens,
-               deterministic: bool = True):
+  def __call__(
+    self, encoder_tokens, decoder_input_tokens, deterministic: bool = True
+  ):
     """Teacher-forced logits `[B, T, V]` for `decoder_input_tokens [B, T]`."""
     encoded = self.encoder(encoder_tokens, deterministic)
     cross = self.decoder.precompute_cross_attention(encoded, encoder_tokens)

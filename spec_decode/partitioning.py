@@ -67,7 +67,8 @@ _log = logging.getLogger(__name__)
 
 
 def standard_logical_axis_rules(
-    additional_rules: LogicalAxisRules | None = None) -> tuple:
+  additional_rules: LogicalAxisRules | None = None,
+) -> tuple:
   """T5X's default rules (1-D parameter and activation partitioning).
 
   Args:
@@ -78,27 +79,29 @@ def standard_logical_axis_rules(
     A tuple of `(logical_name, mesh_axis or None)` pairs.
   """
   rules = [
-      ('batch', DATA),
-      ('vocab', MODEL),
-      ('embed', None),
-      ('mlp', MODEL),
-      ('heads', MODEL),
-      ('kv', None),
-      ('joined_kv', MODEL),
-      ('relpos_buckets', None),
-      ('abspos_buckets', None),
-      ('length', None),
-      ('layers', None),
-      ('stack', None),
-      ('mlp_activations', None),
+    ('batch', DATA),
+    ('vocab', MODEL),
+    ('embed', None),
+    ('mlp', MODEL),
+    ('heads', MODEL),
+    ('kv', None),
+    ('joined_kv', MODEL),
+    ('relpos_buckets', None),
+    ('abspos_buckets', None),
+    ('length', None),
+    ('layers', None),
+    ('stack', None),
+    ('mlp_activations', None),
   ]
   return tuple(rules) + tuple(tuple(r) for r in additional_rules or ())
 
 
 def replicated_params_rules() -> tuple:
   """Rules that shard only the batch: parameters and heads replicated."""
-  return tuple((name, DATA if name == 'batch' else None)
-               for name, _ in standard_logical_axis_rules())
+  return tuple(
+    (name, DATA if name == 'batch' else None)
+    for name, _ in standard_logical_axis_rules()
+  )
 
 
 def _make_mesh(data: int, model: int, devices: Sequence[Any]) -> Mesh:
@@ -125,11 +128,16 @@ class Partitioner:
   carries its partitioner as static data.
   """
 
-  def __init__(self, data: int | None = None, model: int | None = None, *,
-               num_partitions: int | None = None,
-               model_parallel_submesh: Sequence[int] | None = None,
-               rules: LogicalAxisRules | None = None,
-               devices: Sequence[Any] | None = None):
+  def __init__(
+    self,
+    data: int | None = None,
+    model: int | None = None,
+    *,
+    num_partitions: int | None = None,
+    model_parallel_submesh: Sequence[int] | None = None,
+    rules: LogicalAxisRules | None = None,
+    devices: Sequence[Any] | None = None,
+  ):
     """Builds the mesh.
 
     Args:
@@ -145,29 +153,42 @@ class Partitioner:
     Raises:
       ValueError: inconsistent sizes, or more devices asked for than exist.
     """
-    sizes = [s for s in (model, num_partitions,
-                         math.prod(model_parallel_submesh)
-                         if model_parallel_submesh else None) if s]
+    sizes = [
+      s
+      for s in (
+        model,
+        num_partitions,
+        math.prod(model_parallel_submesh) if model_parallel_submesh else None,
+      )
+      if s
+    ]
     if len(set(sizes)) > 1:
       raise ValueError(
-          f'model={model}, num_partitions={num_partitions} and '
-          f'model_parallel_submesh={model_parallel_submesh} disagree')
+        f'model={model}, num_partitions={num_partitions} and '
+        f'model_parallel_submesh={model_parallel_submesh} disagree'
+      )
     model = sizes[0] if sizes else 1
     devices = list(jax.devices() if devices is None else devices)
     if data is None:
       if len(devices) % model:
-        raise ValueError(f'{len(devices)} devices do not split into model '
-                         f'partitions of {model}')
+        raise ValueError(
+          f'{len(devices)} devices do not split into model '
+          f'partitions of {model}'
+        )
       data = len(devices) // model
     for name, value in (('data', data), ('model', model)):
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f'{name} must be a positive int, got {value!r}')
     if data * model > len(devices):
-      raise ValueError(f'a {data} x {model} mesh needs {data * model} '
-                       f'devices; {len(devices)} available')
-    self.mesh = _make_mesh(data, model, devices[:data * model])
-    self.rules = tuple(tuple(r) for r in (
-        standard_logical_axis_rules() if rules is None else rules))
+      raise ValueError(
+        f'a {data} x {model} mesh needs {data * model} '
+        f'devices; {len(devices)} available'
+      )
+    self.mesh = _make_mesh(data, model, devices[: data * model])
+    self.rules = tuple(
+      tuple(r)
+      for r in (standard_logical_axis_rules() if rules is None else rules)
+    )
 
   # -- identity --------------------------------------------------------------
   def _key(self):
@@ -202,8 +223,9 @@ class Partitioner:
     return self.with_rules(replicated_params_rules())
 
   # -- logical -> mesh ------------------------------------------------------
-  def mesh_axes(self, logical: Sequence[str | None],
-                shape: Sequence[int] | None = None) -> PartitionSpec:
+  def mesh_axes(
+    self, logical: Sequence[str | None], shape: Sequence[int] | None = None
+  ) -> PartitionSpec:
     """Mesh `PartitionSpec` for an array with logical axis names.
 
     Rules are tried in order; a mesh axis is used at most once per array (a
@@ -221,16 +243,22 @@ class Partitioner:
       if axis is not None and shape is not None:
         size = self.mesh.shape[axis]
         if shape[i] % size:
-          _log.info('%s of size %d does not split %d ways on %r: replicated',
-                    name, shape[i], size, axis)
+          _log.info(
+            '%s of size %d does not split %d ways on %r: replicated',
+            name,
+            shape[i],
+            size,
+            axis,
+          )
           axis = None
       if axis is not None:
         used.add(axis)
       spec.append(axis)
     return PartitionSpec(*spec)
 
-  def sharding(self, logical: Sequence[str | None],
-               shape: Sequence[int] | None = None) -> NamedSharding:
+  def sharding(
+    self, logical: Sequence[str | None], shape: Sequence[int] | None = None
+  ) -> NamedSharding:
     return NamedSharding(self.mesh, self.mesh_axes(logical, shape))
 
   @property
@@ -241,16 +269,18 @@ class Partitioner:
   def param_shardings_flat(self, config: T5Config) -> dict[str, NamedSharding]:
     """`'a/b/kernel'` -> `NamedSharding`, from the network's logical axes."""
     from spec_decode import models  # pylint: disable=g-import-not-at-top
-    axes = flax.traverse_util.flatten_dict(models.logical_axes(config),
-                                           sep='/')
+
+    axes = flax.traverse_util.flatten_dict(models.logical_axes(config), sep='/')
     shapes = checkpoint_io.expected_shapes(config)
-    return {name: self.sharding(tuple(axes[name]), shapes[name])
-            for name in shapes}
+    return {
+      name: self.sharding(tuple(axes[name]), shapes[name]) for name in shapes
+    }
 
   def param_shardings(self, config: T5Config) -> Any:
     """Nested tree of `NamedSharding`s matching the parameter tree."""
     return flax.traverse_util.unflatten_dict(
-        self.param_shardings_flat(config), sep='/')
+      self.param_shardings_flat(config), sep='/'
+    )
 
   def put_params(self, config: T5Config, params: Any) -> Any:
     """Moves a parameter tree into its shards."""
@@ -258,15 +288,17 @@ class Partitioner:
 
   def shard_params(self, model):
     """`model` with its parameters in their shards and this partitioner."""
-    return type(model)(model.config, self.put_params(model.config,
-                                                     model.params),
-                       model.vocabulary, partitioner=self)
+    return type(model)(
+      model.config,
+      self.put_params(model.config, model.params),
+      model.vocabulary,
+      partitioner=self,
+    )
 
   # -- activations and decode state ------------------------------------------
   def constrain(self, x: jax.Array, logical: Sequence[str | None]):
     """`with_sharding_constraint` by logical names (inside jit)."""
-    return jax.lax.with_sharding_constraint(
-        x, self.sharding(logical, x.shape))
+    return jax.lax.with_sharding_constraint(x, self.sharding(logical, x.shape))
 
   def constrain_state(self, state: Any) -> Any:
     """Constrains a decode-state pytree: every leaf has a leading batch axis.
@@ -275,16 +307,21 @@ class Partitioner:
     `model`), rank 2 `[B, S]` masks and rank 1 `[B]` indices (batch on
     `data`); other ranks are sharded on the batch only.
     """
+
     def one(x):
-      axes = _STATE_AXES_BY_RANK.get(x.ndim,
-                                     ('batch',) + (None,) * (x.ndim - 1))
+      axes = _STATE_AXES_BY_RANK.get(
+        x.ndim, ('batch',) + (None,) * (x.ndim - 1)
+      )
       return self.constrain(x, axes)
+
     return jax.tree.map(one, state)
 
   def batch_sharding(self, ndim: int) -> NamedSharding:
     """Batch (dimension 0) on `data`, the rest replicated."""
-    return NamedSharding(self.mesh, PartitionSpec(
-        *self.mesh_axes(('batch',) + (None,) * (ndim - 1))))
+    return NamedSharding(
+      self.mesh,
+      PartitionSpec(*self.mesh_axes(('batch',) + (None,) * (ndim - 1))),
+    )
 
   def padded_batch(self, batch: int) -> int:
     """The smallest multiple of the `data` size that holds `batch` rows."""
@@ -300,7 +337,8 @@ class Partitioner:
     x = np.asarray(x) if not isinstance(x, jax.Array) else x
     sharding = self.batch_sharding(x.ndim)
     return jax.make_array_from_callback(
-        x.shape, sharding, lambda index: np.asarray(x[index]))
+      x.shape, sharding, lambda index: np.asarray(x[index])
+    )
 
   def place(self, lm: Any) -> Any:
     """Puts a language model on this mesh.
@@ -315,8 +353,9 @@ class Partitioner:
     own = getattr(lm, 'partitioner', None)
     if own is not None:
       if own.mesh != self.mesh:
-        raise ValueError(f'target and draft are sharded on different meshes '
-                         f'({self} vs {own})')
+        raise ValueError(
+          f'target and draft are sharded on different meshes ({self} vs {own})'
+        )
       return lm
     if hasattr(lm, 'config') and hasattr(lm, 'params'):
       return self.replicated().shard_params(lm)

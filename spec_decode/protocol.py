@@ -37,8 +37,9 @@ class LanguageModel(Protocol):
     """
     ...
 
-  def score(self, state: DecodeState,
-            tokens: jax.Array) -> tuple[jax.Array, DecodeState]:
+  def score(
+    self, state: DecodeState, tokens: jax.Array
+  ) -> tuple[jax.Array, DecodeState]:
     """Feeds `tokens [B, T]` at each row's index; returns float32 logits.
 
     Returns:

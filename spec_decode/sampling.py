@@ -40,8 +40,9 @@ class Sampler:
     """`logits [..., V]` -> float32 probabilities `[..., V]` summing to 1."""
     logits = logits.astype(jnp.float32)
     if self.is_greedy:
-      return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
-                            dtype=jnp.float32)
+      return jax.nn.one_hot(
+        jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32
+      )
     scaled = logits / self.temperature
     if self.top_k == 0 and self.top_p >= 1.0:
       return jax.nn.softmax(scaled, axis=-1)

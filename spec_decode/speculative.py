@@ -42,8 +42,12 @@ def beta(p: jax.Array, q: jax.Array) -> jax.Array:
   return jnp.sum(jnp.minimum(p, q), axis=-1)
 
 
-def accepted_count(p_of_x: jax.Array, q_of_x: jax.Array, uniforms: jax.Array,
-                   lenience: float = 1.0) -> jax.Array:
+def accepted_count(
+  p_of_x: jax.Array,
+  q_of_x: jax.Array,
+  uniforms: jax.Array,
+  lenience: float = 1.0,
+) -> jax.Array:
   """Number of leading draft tokens kept, `[B]`.
 
   Token i is kept when `r_i * l * q(x_i) < p(x_i)` (r_i ~ U[0, 1)): the
@@ -61,8 +65,9 @@ def accepted_count(p_of_x: jax.Array, q_of_x: jax.Array, uniforms: jax.Array,
   return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
 
 
-def next_distribution(p: jax.Array, q: jax.Array, accepted: jax.Array,
-                      lenience: float = 1.0) -> jax.Array:
+def next_distribution(
+  p: jax.Array, q: jax.Array, accepted: jax.Array, lenience: float = 1.0
+) -> jax.Array:
   """Distribution of the token after the accepted ones, `[B, V]`.
 
   `norm(max(0, p - l*q))` at the first rejected position, or `p` at position
@@ -75,17 +80,27 @@ def next_distribution(p: jax.Array, q: jax.Array, accepted: jax.Array,
   q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
   residual = jnp.maximum(p_next - lenience * q_pad[rows, accepted], 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
-  residual = jnp.where(mass > _RESIDUAL_FLOOR,
-                       residual / jnp.maximum(mass, _RESIDUAL_FLOOR), p_next)
+  residual = jnp.where(
+    mass > _RESIDUAL_FLOOR,
+    residual / jnp.maximum(mass, _RESIDUAL_FLOOR),
+    p_next,
+  )
   return jnp.where((accepted == g)[:, None], p_next, residual)
 
 
 class Verifier(Protocol):
   """Maps (p, q, draft tokens, randomness) to a `VerifyResult`."""
 
-  def __call__(self, p: jax.Array, q: jax.Array, draft_tokens: jax.Array,
-               uniforms: jax.Array, bonus_keys: jax.Array,
-               residual_keys: jax.Array, greedy: bool = False) -> VerifyResult:
+  def __call__(
+    self,
+    p: jax.Array,
+    q: jax.Array,
+    draft_tokens: jax.Array,
+    uniforms: jax.Array,
+    bonus_keys: jax.Array,
+    residual_keys: jax.Array,
+    greedy: bool = False,
+  ) -> VerifyResult:
     """`greedy` (static): p and q are one-hot, so draws need no noise.
 
     A verifier may also define `greedy(target_tokens [B, G+1], draft_tokens
@@ -118,8 +133,9 @@ class ExactVerifier:
     if not 0.0 < self.lenience <= 1.0:
       raise ValueError(f'lenience must be in (0, 1], got {self.lenience!r}')
 
-  def greedy(self, target_tokens: jax.Array,
-             draft_tokens: jax.Array) -> VerifyResult:
+  def greedy(
+    self, target_tokens: jax.Array, draft_tokens: jax.Array
+  ) -> VerifyResult:
     """Algorithm 1 for argmax p and q, on token ids instead of one-hots.
 
     With one-hot p and q, x is accepted iff it is the target's argmax, the
@@ -131,18 +147,23 @@ class ExactVerifier:
       draft_tokens: `[B, G]`.
     """
     if self.lenience < 1.0:
-      raise ValueError('lenient argmax verification needs the target '
-                       'probabilities; use temperature > 0')
+      raise ValueError(
+        'lenient argmax verification needs the target '
+        'probabilities; use temperature > 0'
+      )
     g = draft_tokens.shape[1]
     match = draft_tokens == target_tokens[:, :g]
     accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=-1), axis=-1)
     rows = jnp.arange(draft_tokens.shape[0])
-    return VerifyResult(accepted=accepted,
-                        next_token=target_tokens[rows, accepted],
-                        beta=match.astype(jnp.float32))
+    return VerifyResult(
+      accepted=accepted,
+      next_token=target_tokens[rows, accepted],
+      beta=match.astype(jnp.float32),
+    )
 
-  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys,
-               greedy=False):
+  def __call__(
+    self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys, greedy=False
+  ):
     g = q.shape[1]
     p_x = _gather_token_probs(p[:, :g], draft_tokens)
     q_x = _gather_token_probs(q, draft_tokens)
@@ -151,11 +172,13 @@ class ExactVerifier:
     if greedy:
       # One-hot p and q give a one-hot residual or bonus distribution.
       next_token = jnp.argmax(dist, axis=-1).astype(jnp.int32)
-      return VerifyResult(accepted=accepted, next_token=next_token,
-                          beta=beta(p[:, :g], q))
+      return VerifyResult(
+        accepted=accepted, next_token=next_token, beta=beta(p[:, :g], q)
+      )
     rows = jnp.arange(p.shape[0])
     bonus = jax.vmap(sampling.sample)(bonus_keys[rows, accepted], dist)
     residual = jax.vmap(sampling.sample)(residual_keys[rows, accepted], dist)
     next_token = jnp.where(accepted == g, bonus, residual)
-    return VerifyResult(accepted=accepted, next_token=next_token,
-                        beta=beta(p[:, :g], q))
+    return VerifyResult(
+      accepted=accepted, next_token=next_token, beta=beta(p[:, :g], q)
+    )

@@ -33,8 +33,9 @@ class TableLM:
     return self.table.shape[-1]
 
   @classmethod
-  def random(cls, vocab_size: int, seed: int = 0,
-             scale: float = 2.0) -> 'TableLM':
+  def random(
+    cls, vocab_size: int, seed: int = 0, scale: float = 2.0
+  ) -> 'TableLM':
     rng = np.random.default_rng(seed)
     table = rng.normal(0.0, scale, (vocab_size, vocab_size))
     return cls(table=jnp.asarray(table, jnp.float32))

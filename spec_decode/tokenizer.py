@@ -130,22 +130,33 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
-    prog='python -m spec_decode.tokenizer', description=__doc__,
+    prog='python -m spec_decode.tokenizer',
+    description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
-  parser.add_argument('--data_dir', default=None,
-                      help='Debian data directory (default: '
-                      f'${debian_data.DATA_DIR_ENV} or data/debian)')
-  parser.add_argument('--output', required=True,
-                      help='the .model file to write')
-  parser.add_argument('--vocab_size', type=int, default=DEFAULT_VOCAB_SIZE,
-                      help='ids including the extra ids')
-  parser.add_argument('--extra_ids', type=int,
-                      default=vocab_lib.DEFAULT_EXTRA_IDS)
+  parser.add_argument(
+    '--data_dir',
+    default=None,
+    help='Debian data directory (default: '
+    f'${debian_data.DATA_DIR_ENV} or data/debian)',
+  )
+  parser.add_argument(
+    '--output', required=True, help='the .model file to write'
+  )
+  parser.add_argument(
+    '--vocab_size',
+    type=int,
+    default=DEFAULT_VOCAB_SIZE,
+    help='ids including the extra ids',
+  )
+  parser.add_argument(
+    '--extra_ids', type=int, default=vocab_lib.DEFAULT_EXTRA_IDS
+  )
   args = parser.parse_args(argv)
   try:
-    vocabulary = build(args.output, args.data_dir, args.vocab_size,
-                       args.extra_ids)
+    vocabulary = build(
+      args.output, args.data_dir, args.vocab_size, args.extra_ids
+    )
   except FileNotFoundError as e:
     print(e, file=sys.stderr)
     return 1

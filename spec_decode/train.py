@@ -161,7 +161,7 @@ class BucketedData:
     for k, (m, b) in enumerate(zip(self._members, self.buckets, strict=True)):
       order = m[rng.permutation(len(m))]
       for start in range(0, len(order), b.batch_size):
-        batches.append((k, order[start:start + b.batch_size]))
+        batches.append((k, order[start : start + b.batch_size]))
     batches = [batches[i] for i in rng.permutation(len(batches))]
     self._epoch_cache = (epoch, batches)
     return batches
@@ -172,8 +172,8 @@ class BucketedData:
     targets = np.zeros((b.batch_size, b.target_len), np.int32)
     for row, i in enumerate(indices):
       inp, tgt = self._examples[i]
-      inputs[row, :len(inp)] = inp
-      targets[row, :len(tgt)] = tgt
+      inputs[row, : len(inp)] = inp
+      targets[row, : len(tgt)] = tgt
     return Batch(inputs, targets)
 
   def batch(self, step: int) -> Batch:
@@ -186,7 +186,7 @@ class BucketedData:
     out = []
     for k, (m, b) in enumerate(zip(self._members, self.buckets, strict=True)):
       for start in range(0, len(m), b.batch_size):
-        out.append(self.make_batch(k, m[start:start + b.batch_size]))
+        out.append(self.make_batch(k, m[start : start + b.batch_size]))
     return out
 
 
@@ -213,10 +213,14 @@ def cross_entropy(
   vocab_size = logits.shape[-1]
   confidence = 1.0 - label_smoothing
   low = label_smoothing / (vocab_size - 1)
-  normalizer = -(
-    confidence * math.log(confidence)
-    + (vocab_size - 1) * low * math.log(low + 1e-20)
-  ) if label_smoothing else 0.0
+  normalizer = (
+    -(
+      confidence * math.log(confidence)
+      + (vocab_size - 1) * low * math.log(low + 1e-20)
+    )
+    if label_smoothing
+    else 0.0
+  )
   soft = jax.nn.one_hot(targets, vocab_size) * (confidence - low) + low
   log_z = jax.nn.logsumexp(logits, axis=-1)
   log_p = logits - log_z[..., None]
@@ -285,49 +289,75 @@ class LossSettings:
   distill_temperature: float = 1.0
 
 
-def _loss(params, config, batch_inputs, batch_targets, dropout_key,
-          teacher, settings: LossSettings, deterministic: bool):
+def _loss(
+  params,
+  config,
+  batch_inputs,
+  batch_targets,
+  dropout_key,
+  teacher,
+  settings: LossSettings,
+  deterministic: bool,
+):
   module = models.Model(config, params).module
   rngs = None if deterministic else {'dropout': dropout_key}
   logits = module.apply(
-    {'params': params}, batch_inputs, models.shift_right(batch_targets),
-    deterministic=deterministic, rngs=rngs)
+    {'params': params},
+    batch_inputs,
+    models.shift_right(batch_targets),
+    deterministic=deterministic,
+    rngs=rngs,
+  )
   weights = (batch_targets != PAD_ID).astype(jnp.float32)
-  ce = cross_entropy(logits, batch_targets, settings.label_smoothing,
-                     settings.z_loss)
+  ce = cross_entropy(
+    logits, batch_targets, settings.label_smoothing, settings.z_loss
+  )
   per_token = ce
   if teacher is not None and settings.distill_weight:
     t_logits = jax.lax.stop_gradient(
-      teacher.module.apply({'params': teacher.params}, batch_inputs,
-                           models.shift_right(batch_targets)))
+      teacher.module.apply(
+        {'params': teacher.params},
+        batch_inputs,
+        models.shift_right(batch_targets),
+      )
+    )
     kl = kl_to_teacher(logits, t_logits, settings.distill_temperature)
     w = settings.distill_weight
-    per_token = ((1.0 - w) * ce
-                 + w * settings.distill_temperature ** 2 * kl)
+    per_token = (1.0 - w) * ce + w * settings.distill_temperature**2 * kl
   denom = jnp.maximum(weights.sum(), 1.0)
   loss = jnp.sum(per_token * weights) / denom
   # Plain cross-entropy (no smoothing, no z-loss), for reporting.
   nll = cross_entropy(logits, batch_targets)
-  return loss, {'nll': jnp.sum(nll * weights) / denom,
-                'tokens': weights.sum()}
+  return loss, {'nll': jnp.sum(nll * weights) / denom, 'tokens': weights.sum()}
 
 
-def _train_step(state: TrainState, inputs, targets, base_key, teacher,
-                config: T5Config, optimizer, settings: LossSettings):
+def _train_step(
+  state: TrainState,
+  inputs,
+  targets,
+  base_key,
+  teacher,
+  config: T5Config,
+  optimizer,
+  settings: LossSettings,
+):
   key = jax.random.fold_in(base_key, state.step)
   grad_fn = jax.value_and_grad(_loss, has_aux=True)
-  (loss, aux), grads = grad_fn(state.params, config, inputs, targets, key,
-                               teacher, settings, False)
+  (loss, aux), grads = grad_fn(
+    state.params, config, inputs, targets, key, teacher, settings, False
+  )
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  new_state = TrainState(step=state.step + 1, params=params,
-                         opt_state=opt_state)
+  new_state = TrainState(
+    step=state.step + 1, params=params, opt_state=opt_state
+  )
   return new_state, dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
 
 
 def _eval_step(params, inputs, targets, config: T5Config):
-  _, aux = _loss(params, config, inputs, targets, None, None,
-                 LossSettings(), True)
+  _, aux = _loss(
+    params, config, inputs, targets, None, None, LossSettings(), True
+  )
   return aux['nll'] * aux['tokens'], aux['tokens']
 
 
@@ -336,6 +366,7 @@ def _eval_step(params, inputs, targets, config: T5Config):
 
 def _manager(model_dir: str, keep: int):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
   return ocp.CheckpointManager(
     os.path.abspath(os.path.join(model_dir, CHECKPOINT_DIR)),
     options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
@@ -344,6 +375,7 @@ def _manager(model_dir: str, keep: int):
 
 def _save(manager, state: TrainState) -> None:
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
   step = int(state.step)
   if manager.latest_step() == step:
     return
@@ -354,6 +386,7 @@ def _save(manager, state: TrainState) -> None:
 def restore_state(model_dir: str, abstract: TrainState) -> TrainState | None:
   """The latest checkpointed `TrainState` of `model_dir`, or None."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
   if not os.path.isdir(os.path.join(model_dir, CHECKPOINT_DIR)):
     return None
   manager = _manager(model_dir, keep=1000)
@@ -367,9 +400,13 @@ def restore_state(model_dir: str, abstract: TrainState) -> TrainState | None:
     manager.close()
 
 
-def export_model(params, config: T5Config,
-                 vocabulary: vocab_lib.Vocabulary | None, path: str,
-                 save_dtype: Any = None) -> models.Model:
+def export_model(
+  params,
+  config: T5Config,
+  vocabulary: vocab_lib.Vocabulary | None,
+  path: str,
+  save_dtype: Any = None,
+) -> models.Model:
   """Writes `Model.save` format to `path` (replacing it), as `save_dtype`."""
   dtype = jnp.dtype(save_dtype or config.param_dtype)
   config = config.replace(param_dtype=dtype, dropout_rate=0.0)
@@ -502,21 +539,25 @@ def train(
   from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
 
   os.makedirs(model_dir, exist_ok=True)
-  vocabulary = (vocab_lib.Vocabulary.from_file(vocabulary_file)
-                if vocabulary_file else None)
+  vocabulary = (
+    vocab_lib.Vocabulary.from_file(vocabulary_file) if vocabulary_file else None
+  )
   if vocabulary is not None and vocabulary.vocab_size > model_config.vocab_size:
     raise ValueError(
       f'vocabulary has {vocabulary.vocab_size} ids, model_config.vocab_size '
-      f'is {model_config.vocab_size}')
+      f'is {model_config.vocab_size}'
+    )
   if vocabulary is None:
     raise ValueError('train needs vocabulary_file (a sentencepiece model)')
   task_obj = tasks_lib.get_task(task, data_dir)
   train_data = BucketedData(
-    tokenize_split(task_obj, 'train', vocabulary, train_examples),
-    buckets, seed)
+    tokenize_split(task_obj, 'train', vocabulary, train_examples), buckets, seed
+  )
   eval_data = BucketedData(
     tokenize_split(task_obj, 'validation', vocabulary, eval_examples),
-    buckets, seed)
+    buckets,
+    seed,
+  )
   eval_batches = eval_data.all_batches()
 
   teacher = None
@@ -527,20 +568,31 @@ def train(
     if teacher.config.vocab_size != model_config.vocab_size:
       raise ValueError(
         f'teacher vocab_size {teacher.config.vocab_size} != '
-        f'{model_config.vocab_size}')
-    teacher = models.Model(teacher.config.replace(dropout_rate=0.0),
-                           jax.tree.map(jnp.asarray, teacher.params))
+        f'{model_config.vocab_size}'
+      )
+    teacher = models.Model(
+      teacher.config.replace(dropout_rate=0.0),
+      jax.tree.map(jnp.asarray, teacher.params),
+    )
     settings = dataclasses.replace(settings, distill_weight=distill_weight)
 
   config = model_config.replace(param_dtype=jnp.float32)
-  optimizer = make_optimizer(learning_rate, train_steps, warmup_steps,
-                             final_lr_fraction, weight_decay,
-                             clip_norm=clip_norm)
+  optimizer = make_optimizer(
+    learning_rate,
+    train_steps,
+    warmup_steps,
+    final_lr_fraction,
+    weight_decay,
+    clip_norm=clip_norm,
+  )
 
   def init_state():
     params = models.Model.init(config, seed=seed).params
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(params))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=optimizer.init(params),
+    )
 
   abstract = jax.eval_shape(init_state)
   state = restore_state(model_dir, abstract)
@@ -550,8 +602,9 @@ def train(
   start = int(state.step)
   base_key = jax.random.fold_in(jax.random.key(seed), 1)
 
-  train_step = jax.jit(_train_step, static_argnums=(5, 6, 7),
-                       donate_argnums=(0,))
+  train_step = jax.jit(
+    _train_step, static_argnums=(5, 6, 7), donate_argnums=(0,)
+  )
   eval_step = jax.jit(_eval_step, static_argnums=(3,))
 
   def validation_loss(params):
@@ -563,19 +616,28 @@ def train(
     return total / max(count, 1.0)
 
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
-  print(f'train: {n_params:,} parameters; {train_data.num_examples} train '
-        f'examples ({train_data.dropped} over the largest bucket dropped), '
-        f'{train_data.batches_per_epoch} batches/epoch; '
-        f'{"resuming at" if resumed else "starting at"} step {start} of '
-        f'{train_steps}' + (' (distilling from ' + teacher_path + ')'
-                            if teacher_path else ''), flush=True)
+  print(
+    f'train: {n_params:,} parameters; {train_data.num_examples} train '
+    f'examples ({train_data.dropped} over the largest bucket dropped), '
+    f'{train_data.batches_per_epoch} batches/epoch; '
+    f'{"resuming at" if resumed else "starting at"} step {start} of '
+    f'{train_steps}'
+    + (' (distilling from ' + teacher_path + ')' if teacher_path else ''),
+    flush=True,
+  )
   manager = _manager(model_dir, keep_checkpoints)
   model_path = os.path.join(model_dir, MODEL_DIR)
   deadline = (time.monotonic() + 60.0 * max_minutes) if max_minutes else None
   stopped = 'done'
   last_loss = last_val = last_val_step = None
-  bar = tqdm.tqdm(total=train_steps, initial=start, disable=not progress,
-                  unit='step', dynamic_ncols=True, desc='train')
+  bar = tqdm.tqdm(
+    total=train_steps,
+    initial=start,
+    disable=not progress,
+    unit='step',
+    dynamic_ncols=True,
+    desc='train',
+  )
   tokens_acc, time_acc, loss_acc, n_acc = 0.0, 0.0, 0.0, 0
   step = start
   try:
@@ -583,60 +645,87 @@ def train(
       while step < train_steps:
         batch = train_data.batch(step)
         t0 = time.perf_counter()
-        state, aux = train_step(state, batch.inputs, batch.targets, base_key,
-                                teacher, config, optimizer, settings)
+        state, aux = train_step(
+          state,
+          batch.inputs,
+          batch.targets,
+          base_key,
+          teacher,
+          config,
+          optimizer,
+          settings,
+        )
         loss = float(aux['loss'])
         dt = time.perf_counter() - t0
         step += 1
         if not math.isfinite(loss):
           raise FloatingPointError(f'loss is {loss} at step {step}')
-        tokens_acc += float(np.count_nonzero(batch.targets)
-                            + np.count_nonzero(batch.inputs))
+        tokens_acc += float(
+          np.count_nonzero(batch.targets) + np.count_nonzero(batch.inputs)
+        )
         time_acc += dt
         loss_acc += loss
         n_acc += 1
         bar.update(1)
         if step % log_every == 0 or step == train_steps:
           last_loss = loss_acc / n_acc
-          record = {'step': step, 'loss': last_loss,
-                    'nll': float(aux['nll']),
-                    'grad_norm': float(aux['grad_norm']),
-                    'tokens_per_s': tokens_acc / max(time_acc, 1e-9),
-                    'time': time.time()}
+          record = {
+            'step': step,
+            'loss': last_loss,
+            'nll': float(aux['nll']),
+            'grad_norm': float(aux['grad_norm']),
+            'tokens_per_s': tokens_acc / max(time_acc, 1e-9),
+            'time': time.time(),
+          }
           if eval_every and step % eval_every == 0:
             last_val = validation_loss(state.params)
             last_val_step = step
             record['validation_loss'] = last_val
           _log(model_dir, record)
-          bar.set_postfix(loss=f'{last_loss:.3f}',
-                          tok_s=f'{record["tokens_per_s"]:.0f}',
-                          val='-' if last_val is None else f'{last_val:.3f}')
+          bar.set_postfix(
+            loss=f'{last_loss:.3f}',
+            tok_s=f'{record["tokens_per_s"]:.0f}',
+            val='-' if last_val is None else f'{last_val:.3f}',
+          )
           tokens_acc, time_acc, loss_acc, n_acc = 0.0, 0.0, 0.0, 0
         if step % checkpoint_every == 0:
           _save(manager, state)
         if deadline is not None and time.monotonic() > deadline:
-          print(f'\ntrain: max_minutes={max_minutes} reached at step '
-                f'{step}; checkpointing (rerun to continue)', flush=True)
+          print(
+            f'\ntrain: max_minutes={max_minutes} reached at step '
+            f'{step}; checkpointing (rerun to continue)',
+            flush=True,
+          )
           stopped = 'time'
           break
   except KeyboardInterrupt:
     stopped = 'interrupted'
-    print(f'\ntrain: interrupted at step {int(state.step)}; checkpointing',
-          flush=True)
+    print(
+      f'\ntrain: interrupted at step {int(state.step)}; checkpointing',
+      flush=True,
+    )
   finally:
     bar.close()
   _save(manager, state)
   manager.close()
   if last_val_step != int(state.step):
     last_val = validation_loss(state.params)
-    _log(model_dir, {'step': int(state.step), 'validation_loss': last_val,
-                     'time': time.time()})
+    _log(
+      model_dir,
+      {
+        'step': int(state.step),
+        'validation_loss': last_val,
+        'time': time.time(),
+      },
+    )
   export_model(state.params, config, vocabulary, model_path, save_dtype)
-  print(f'train: step {int(state.step)}, train loss '
-        f'{last_loss if last_loss is None else round(last_loss, 4)}, '
-        f'validation loss {last_val:.4f}; model in {model_path}', flush=True)
-  return TrainResult(int(state.step), last_loss, last_val, stopped,
-                     model_path)
+  print(
+    f'train: step {int(state.step)}, train loss '
+    f'{last_loss if last_loss is None else round(last_loss, 4)}, '
+    f'validation loss {last_val:.4f}; model in {model_path}',
+    flush=True,
+  )
+  return TrainResult(int(state.step), last_loss, last_val, stopped, model_path)
 
 
 # ------------------------------------------------------------ gin / CLI.
@@ -657,15 +746,20 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     prefixes.insert(0, d)
   files = []
   for f in gin_files:
-    for candidate in (f, os.path.join(root, f), os.path.join(configs_dir, f),
-                      os.path.join(gin_models.GIN_DIR, f)):
+    for candidate in (
+      f,
+      os.path.join(root, f),
+      os.path.join(configs_dir, f),
+      os.path.join(gin_models.GIN_DIR, f),
+    ):
       if os.path.isfile(candidate):
         files.append(os.path.abspath(candidate))
         break
     else:
       raise FileNotFoundError(f'gin file not found: {f}')
-  gin.parse_config_files_and_bindings(files, list(bindings),
-                                      finalize_config=False)
+  gin.parse_config_files_and_bindings(
+    files, list(bindings), finalize_config=False
+  )
 
 
 def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -674,7 +768,7 @@ def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
   it = iter(argv)
   for arg in it:
     if arg.startswith('--gin.'):
-      body = arg[len('--gin.'):]
+      body = arg[len('--gin.') :]
       if '=' not in body:
         body = f'{body}={next(it)}'
       name, value = body.split('=', 1)
@@ -691,15 +785,25 @@ def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   bindings, rest = split_gin_args(argv)
   parser = argparse.ArgumentParser(
-    prog='spec-decode train', description=__doc__,
-    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--gin_file', action='append', default=[],
-                      help='gin config file (repeatable)')
-  parser.add_argument('--gin_bindings', action='append', default=[],
-                      help='a gin binding NAME=VALUE (repeatable); same as '
-                      '--gin.NAME=VALUE')
-  parser.add_argument('--model_dir', default=None,
-                      help='output directory (overrides MODEL_DIR)')
+    prog='spec-decode train',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument(
+    '--gin_file',
+    action='append',
+    default=[],
+    help='gin config file (repeatable)',
+  )
+  parser.add_argument(
+    '--gin_bindings',
+    action='append',
+    default=[],
+    help='a gin binding NAME=VALUE (repeatable); same as --gin.NAME=VALUE',
+  )
+  parser.add_argument(
+    '--model_dir', default=None, help='output directory (overrides MODEL_DIR)'
+  )
   args = parser.parse_args(rest)
   if not args.gin_file:
     parser.error('--gin_file is required (e.g. configs/train_demo_target.gin)')
@@ -709,7 +813,8 @@ def main(argv: list[str] | None = None) -> int:
   parse_gin(args.gin_file, bindings)
   # The module's own `train` (not `__main__.train` under `python -m`).
   train_using_gin = gin.get_configurable(
-    importlib.import_module('spec_decode.train').train)
+    importlib.import_module('spec_decode.train').train
+  )
   model_dir = _macro('MODEL_DIR')
   if isinstance(model_dir, str):
     os.makedirs(model_dir, exist_ok=True)
@@ -721,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _macro(name: str) -> Any:
   import gin  # pylint: disable=g-import-not-at-top
+
   try:
     return gin.query_parameter(f'%{name}')
   except ValueError:

@@ -14,11 +14,19 @@ jax.config.update('jax_enable_x64', False)
 
 
 def tiny_config(vocab_size: int = 16, **overrides) -> sd.T5Config:
-  base = dict(vocab_size=vocab_size, emb_dim=32, num_heads=2, head_dim=16,
-              mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2,
-              mlp_activations=('gelu', 'linear'), dropout_rate=0.0,
-              relative_attention_num_buckets=8,
-              relative_attention_max_distance=20)
+  base = dict(
+    vocab_size=vocab_size,
+    emb_dim=32,
+    num_heads=2,
+    head_dim=16,
+    mlp_dim=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=20,
+  )
   base.update(overrides)
   return sd.T5Config(**base)
 
@@ -27,13 +35,19 @@ def perturbed(model: sd.Model, scale: float, seed: int) -> sd.Model:
   """A different model near `model`: every weight gets relative noise."""
   leaves, tree = jax.tree.flatten(model.params)
   rng = np.random.default_rng(seed)
-  noisy = [np.asarray(x) + scale * np.std(np.asarray(x)) *
-           rng.standard_normal(x.shape).astype(np.float32) for x in leaves]
+  noisy = [
+    np.asarray(x)
+    + scale
+    * np.std(np.asarray(x))
+    * rng.standard_normal(x.shape).astype(np.float32)
+    for x in leaves
+  ]
   return model.with_params(jax.tree.unflatten(tree, noisy))
 
 
-def encoder_batch(batch: int, length: int, vocab_size: int,
-                  seed: int = 0) -> np.ndarray:
+def encoder_batch(
+  batch: int, length: int, vocab_size: int, seed: int = 0
+) -> np.ndarray:
   """Random inputs with ragged padding (at least 2 real tokens per row)."""
   rng = np.random.default_rng(seed)
   tokens = rng.integers(2, vocab_size, (batch, length)).astype(np.int32)
@@ -42,8 +56,9 @@ def encoder_batch(batch: int, length: int, vocab_size: int,
   return tokens
 
 
-def sharpened(model: sd.Model, scale: float = 3.0,
-              eos_scale: float = 3.0) -> sd.Model:
+def sharpened(
+  model: sd.Model, scale: float = 3.0, eos_scale: float = 3.0
+) -> sd.Model:
   """Peakier output distributions, and EOS likely enough to end rows.
 
   Random initializations give near-uniform next-token distributions whose
@@ -71,5 +86,6 @@ def near_draft(target):
 
 @pytest.fixture(scope='session')
 def far_draft():
-  return sd.Model.init(tiny_config(num_decoder_layers=1, num_encoder_layers=1),
-                       seed=7)
+  return sd.Model.init(
+    tiny_config(num_decoder_layers=1, num_encoder_layers=1), seed=7
+  )

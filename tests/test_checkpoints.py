@@ -378,8 +378,9 @@ def test_gin_files_are_small_diffs():
   """Every size file includes a family's base.gin and stays a short diff."""
   bases = set()
   for path in sorted(os.listdir(os.path.join(gin_models.GIN_DIR, 'models'))):
-    if os.path.isfile(os.path.join(gin_models.GIN_DIR, 'models', path,
-                                   'base.gin')):
+    if os.path.isfile(
+      os.path.join(gin_models.GIN_DIR, 'models', path, 'base.gin')
+    ):
       bases.add(f"include 'models/{path}/base.gin'")
   for path in sorted(os.listdir(os.path.join(gin_models.GIN_DIR, 'models'))):
     family = os.path.join(gin_models.GIN_DIR, 'models', path)

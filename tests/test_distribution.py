@@ -37,16 +37,20 @@ FALSE_ALARM = 1e-3
 class ResidualDroppingVerifier:
   """Negative control: on rejection, samples p instead of the residual."""
 
-  def __call__(self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys,
-               greedy=False):
-    exact = speculative.ExactVerifier()(p, q, draft_tokens, uniforms,
-                                        bonus_keys, residual_keys, greedy)
+  def __call__(
+    self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys, greedy=False
+  ):
+    exact = speculative.ExactVerifier()(
+      p, q, draft_tokens, uniforms, bonus_keys, residual_keys, greedy
+    )
     rows = jnp.arange(p.shape[0])
-    wrong = jax.vmap(sd.sampling.sample)(residual_keys[rows, exact.accepted],
-                                         p[rows, exact.accepted])
+    wrong = jax.vmap(sd.sampling.sample)(
+      residual_keys[rows, exact.accepted], p[rows, exact.accepted]
+    )
     g = q.shape[1]
-    return exact.replace(next_token=jnp.where(exact.accepted == g,
-                                              exact.next_token, wrong))
+    return exact.replace(
+      next_token=jnp.where(exact.accepted == g, exact.next_token, wrong)
+    )
 
 
 def _all_sequences() -> np.ndarray:
@@ -54,8 +58,11 @@ def _all_sequences() -> np.ndarray:
   non_eos = [t for t in range(V) if t != sd.EOS_ID]
   for length in range(1, M + 1):
     grids = np.meshgrid(*([non_eos] * (length - 1)), indexing='ij')
-    prefixes = np.stack([g.ravel() for g in grids], 1) if grids else np.zeros(
-        (1, 0), int)
+    prefixes = (
+      np.stack([g.ravel() for g in grids], 1)
+      if grids
+      else np.zeros((1, 0), int)
+    )
     for pre in prefixes:
       seqs.append(list(pre) + [sd.EOS_ID] + [0] * (M - length))
   grids = np.meshgrid(*([non_eos] * M), indexing='ij')
@@ -98,9 +105,14 @@ def g_test(samples: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> float:
 def _sample(target, draft, enc, **kwargs) -> tuple[np.ndarray, list]:
   out, hists = [], []
   for start in range(0, N, BATCH):
-    res = sd.generate(target, np.repeat(enc, BATCH, 0), draft=draft,
-                      max_decode_len=M, seed=np.arange(start, start + BATCH),
-                      **kwargs)
+    res = sd.generate(
+      target,
+      np.repeat(enc, BATCH, 0),
+      draft=draft,
+      max_decode_len=M,
+      seed=np.arange(start, start + BATCH),
+      **kwargs,
+    )
     out.append(res.tokens)
     hists.append(res.stats)
   return np.concatenate(out), hists
@@ -117,9 +129,9 @@ def models():
 ENC = np.array([[3, 4, 5, 2, 0]], np.int32)
 
 SETTINGS = {
-    'temperature_1': dict(temperature=1.0),
-    'temperature_0.7_top_k_3': dict(temperature=0.7, top_k=3),
-    'top_p_0.8': dict(temperature=1.0, top_p=0.8),
+  'temperature_1': dict(temperature=1.0),
+  'temperature_0.7_top_k_3': dict(temperature=0.7, top_k=3),
+  'top_p_0.8': dict(temperature=1.0, top_p=0.8),
 }
 
 
@@ -149,8 +161,9 @@ def test_negative_control_dropping_the_residual_is_detected(models):
   target, draft = models
   kw = SETTINGS['temperature_1']
   seqs, p = _exact_probs(target, ENC, sd.Sampler(**kw))
-  samples, _ = _sample(target, draft, ENC, gamma=3,
-                       verifier=ResidualDroppingVerifier(), **kw)
+  samples, _ = _sample(
+    target, draft, ENC, gamma=3, verifier=ResidualDroppingVerifier(), **kw
+  )
   assert g_test(samples, seqs, p) < FALSE_ALARM
 
 

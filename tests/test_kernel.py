@@ -25,7 +25,8 @@ from spec_decode.kernels import ops
 _U = 2.0**-24
 
 needs_kernel = pytest.mark.skipif(
-    not ops.available(), reason=f'kernel unavailable: {ops.info()}')
+  not ops.available(), reason=f'kernel unavailable: {ops.info()}'
+)
 
 
 def _reference(x, packed):
@@ -68,12 +69,14 @@ def test_pack_layout_bfloat16():
   assert p.data.shape == (2, 3, 32) and p.data.dtype == ml_dtypes.bfloat16
   # Element 2j is column 32q + j, element 2j + 1 is column 32q + 16 + j.
   np.testing.assert_array_equal(p.data[0, 1, 2 * 5], np.float32(w[1, 5]))
-  np.testing.assert_array_equal(p.data[0, 1, 2 * 5 + 1],
-                                np.float32(w[1, 16 + 5]))
-  np.testing.assert_array_equal(p.data[1, 2, 2 * 3], np.float32(w[2, 35]))
-  np.testing.assert_array_equal(p.data[1, :, 2 * 8:], 0.0)  # padding
   np.testing.assert_array_equal(
-      ops.unpack(p), w.astype(ml_dtypes.bfloat16).astype(np.float32))
+    p.data[0, 1, 2 * 5 + 1], np.float32(w[1, 16 + 5])
+  )
+  np.testing.assert_array_equal(p.data[1, 2, 2 * 3], np.float32(w[2, 35]))
+  np.testing.assert_array_equal(p.data[1, :, 2 * 8 :], 0.0)  # padding
+  np.testing.assert_array_equal(
+    ops.unpack(p), w.astype(ml_dtypes.bfloat16).astype(np.float32)
+  )
 
 
 def test_pack_numpy_and_jax_agree():
@@ -144,8 +147,7 @@ def test_inside_scan_and_while_loop():
 
   @jax.jit
   def run_while(x, p):
-    return jax.lax.fori_loop(0, 5, lambda _, x: jnp.tanh(ops.matmul(x, p)),
-                             x)
+    return jax.lax.fori_loop(0, 5, lambda _, x: jnp.tanh(ops.matmul(x, p)), x)
 
   y, firsts = run(x0, p)
   expect = x0.astype(np.float64)
@@ -192,8 +194,11 @@ def test_fallback_matches(dtype, monkeypatch):
   p = ops.pack(w, dtype)
   forced = jax.jit(lambda x, p: ops.matmul(x, p, use_kernel=False))(x, p)
   _check(forced, x, p)
-  hlo = jax.jit(lambda x, p: ops.matmul(x, p, use_kernel=False)).lower(
-      x, p).as_text()
+  hlo = (
+    jax.jit(lambda x, p: ops.matmul(x, p, use_kernel=False))
+    .lower(x, p)
+    .as_text()
+  )
   assert 'smallm' not in hlo
   monkeypatch.setenv('SPEC_DECODE_KERNEL', '0')
   assert not ops.available()
@@ -227,8 +232,9 @@ def test_build_failure_is_a_clear_error(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(os.uname().machine != 'x86_64', reason='x86 only')
-@pytest.mark.parametrize('march,isa', [('x86-64-v3', 'avx2'),
-                                       ('x86-64', 'generic')])
+@pytest.mark.parametrize(
+  'march,isa', [('x86-64-v3', 'avx2'), ('x86-64', 'generic')]
+)
 def test_portable_builds(march, isa):
   """The AVX2 and generic builds (for CPUs without AVX-512) are correct."""
   try:
@@ -271,10 +277,14 @@ def test_rows_do_not_depend_on_k(dtype):
 
 def test_pack_params():
   rng = np.random.default_rng(10)
-  params = {'enc': {'wi': {'kernel': rng.standard_normal((4, 6))},
-                    'scale': np.ones(4)},
-            'tiny': {'kernel': np.ones((2, 2))}}
+  params = {
+    'enc': {'wi': {'kernel': rng.standard_normal((4, 6))}, 'scale': np.ones(4)},
+    'tiny': {'kernel': np.ones((2, 2))},
+  }
   packed = ops.pack_params(params, min_elements=10)
   assert set(packed) == {'enc'} and set(packed['enc']) == {'wi'}
-  np.testing.assert_allclose(ops.unpack(packed['enc']['wi']['kernel']),
-                             params['enc']['wi']['kernel'], rtol=1e-7)
+  np.testing.assert_allclose(
+    ops.unpack(packed['enc']['wi']['kernel']),
+    params['enc']['wi']['kernel'],
+    rtol=1e-7,
+  )

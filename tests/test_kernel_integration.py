@@ -23,8 +23,9 @@ from spec_decode import models
 from spec_decode import network
 from spec_decode.kernels import ops
 
-needs_kernel = pytest.mark.skipif(not ops.available(),
-                                  reason=f'kernel unavailable: {ops.info()}')
+needs_kernel = pytest.mark.skipif(
+  not ops.available(), reason=f'kernel unavailable: {ops.info()}'
+)
 
 MAX_LEN = 24
 _CALL = 'spec_decode_smallm'
@@ -48,9 +49,12 @@ def _score_hlo(model: sd.Model, batch: int = 2, t: int = 3) -> str:
 
 
 def _flat_keys(tree) -> set[str]:
-  return {jax.tree_util.keystr(p) for p, _ in
-          jax.tree_util.tree_flatten_with_path(
-              tree, is_leaf=lambda x: isinstance(x, ops.Packed))[0]}
+  return {
+    jax.tree_util.keystr(p)
+    for p, _ in jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, ops.Packed)
+    )[0]
+  }
 
 
 # ---------------------------------------------------------------------------
@@ -68,41 +72,57 @@ def test_suite_models_are_packed_by_default(target):
 def test_packed_tree_holds_decode_weights_only(target):
   keys = _flat_keys(target.packed)
   layer = "['decoder']['layers_0']"
-  for name in ("['self_attention']['query']", "['self_attention']['key']",
-               "['self_attention']['value']", "['self_attention']['out']",
-               "['encoder_decoder_attention']['query']",
-               "['encoder_decoder_attention']['out']", "['mlp']['wi_0']",
-               "['mlp']['wi_1']", "['mlp']['wo']"):
+  for name in (
+    "['self_attention']['query']",
+    "['self_attention']['key']",
+    "['self_attention']['value']",
+    "['self_attention']['out']",
+    "['encoder_decoder_attention']['query']",
+    "['encoder_decoder_attention']['out']",
+    "['mlp']['wi_0']",
+    "['mlp']['wi_1']",
+    "['mlp']['wo']",
+  ):
     assert f"{layer}{name}['kernel']" in keys
   assert "['decoder']['logits_dense']['kernel']" in keys
   assert not any('encoder' in k.split("['decoder']")[0] for k in keys)
-  assert not any("['encoder_decoder_attention']['key']" in k or
-                 "['encoder_decoder_attention']['value']" in k for k in keys)
+  assert not any(
+    "['encoder_decoder_attention']['key']" in k
+    or "['encoder_decoder_attention']['value']" in k
+    for k in keys
+  )
   # The packed weights are the parameters, and jit arguments (pytree leaves).
   np.testing.assert_array_equal(
-      ops.unpack(target.packed['decoder']['logits_dense']['kernel']),
-      target.params['decoder']['logits_dense']['kernel'])
+    ops.unpack(target.packed['decoder']['logits_dense']['kernel']),
+    target.params['decoder']['logits_dense']['kernel'],
+  )
   assert len(jax.tree.leaves(target)) == (
-      len(jax.tree.leaves(target.params)) +
-      len(jax.tree.leaves(target.packed)))
+    len(jax.tree.leaves(target.params)) + len(jax.tree.leaves(target.packed))
+  )
   # The parameter tree is untouched.
-  assert (jax.tree.structure(target.params) ==
-          jax.tree.structure(sd.Model.init(tiny_config()).params))
+  assert jax.tree.structure(target.params) == jax.tree.structure(
+    sd.Model.init(tiny_config()).params
+  )
 
 
 @needs_kernel
 def test_tied_logits_pack_the_transposed_embedding():
-  m = sd.Model.init(tiny_config(logits_via_embedding=True,
-                                mlp_activations=('relu',)), seed=2)
+  m = sd.Model.init(
+    tiny_config(logits_via_embedding=True, mlp_activations=('relu',)), seed=2
+  )
   assert "['token_embedder']['attend']" in _flat_keys(m.packed)
   np.testing.assert_array_equal(
-      ops.unpack(m.packed['token_embedder']['attend']),
-      m.params['token_embedder']['embedding'].T)
+    ops.unpack(m.packed['token_embedder']['attend']),
+    m.params['token_embedder']['embedding'].T,
+  )
   enc = encoder_batch(4, 6, 16, seed=3)
   dec = np.zeros((4, 5), np.int32)
-  np.testing.assert_allclose(_block_logits(m, enc, dec),
-                             _block_logits(m.unpacked(), enc, dec),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    _block_logits(m, enc, dec),
+    _block_logits(m.unpacked(), enc, dec),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 @needs_kernel
@@ -131,9 +151,12 @@ def test_packed_weights_without_the_kernel_fall_back(monkeypatch, target):
   assert _CALL not in _score_hlo(packed)
   enc = encoder_batch(4, 7, 16, seed=1)
   dec = np.zeros((4, 4), np.int32)
-  np.testing.assert_allclose(_block_logits(packed, enc, dec),
-                             _block_logits(target.unpacked(), enc, dec),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    _block_logits(packed, enc, dec),
+    _block_logits(target.unpacked(), enc, dec),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 def test_config_field_round_trips():
@@ -153,8 +176,7 @@ def _block_logits(model, enc, dec, prefix: int = 0):
   enc = jnp.asarray(enc)
   state = model.init_state(enc, 32)
   if prefix:
-    _, state = model.score(state, jnp.zeros((enc.shape[0], prefix),
-                                            jnp.int32))
+    _, state = model.score(state, jnp.zeros((enc.shape[0], prefix), jnp.int32))
   return np.asarray(model.score(state, jnp.asarray(dec))[0])
 
 
@@ -174,12 +196,14 @@ def test_dense_rows_are_bitwise_independent_of_k(dtype):
   variables = {'params': params, network.PACKED: packed}
   full = np.asarray(apply(variables, x))  # K = 64
   for b, t in ((1, 1), (1, 2), (4, 1), (4, 4), (8, 2), (8, 4)):
-    np.testing.assert_array_equal(apply(variables, x[:b, :t]),
-                                  full[:b, :t])
+    np.testing.assert_array_equal(apply(variables, x[:b, :t]), full[:b, :t])
   canonical = np.asarray(apply({'params': params}, x))
-  np.testing.assert_allclose(full, canonical,
-                             rtol=1e-5 if dtype == jnp.float32 else 2e-2,
-                             atol=1e-5 if dtype == jnp.float32 else 2e-2)
+  np.testing.assert_allclose(
+    full,
+    canonical,
+    rtol=1e-5 if dtype == jnp.float32 else 2e-2,
+    atol=1e-5 if dtype == jnp.float32 else 2e-2,
+  )
 
 
 @needs_kernel
@@ -201,20 +225,25 @@ def test_scoring_one_or_gamma_plus_one_tokens_agree(target, gamma):
   block, _ = score(target, state, toks)
   singles, s1 = [], state
   for i in range(gamma + 1):
-    lg, s1 = score(target, s1, toks[:, i:i + 1])
+    lg, s1 = score(target, s1, toks[:, i : i + 1])
     singles.append(lg)
-  np.testing.assert_allclose(block, jnp.concatenate(singles, 1),
-                             rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(np.argmax(block, -1),
-                                np.argmax(jnp.concatenate(singles, 1), -1))
+  np.testing.assert_allclose(
+    block, jnp.concatenate(singles, 1), rtol=1e-5, atol=1e-5
+  )
+  np.testing.assert_array_equal(
+    np.argmax(block, -1), np.argmax(jnp.concatenate(singles, 1), -1)
+  )
 
 
 @needs_kernel
 def test_kernel_logits_match_canonical(target, canonical, inputs):
   dec = np.random.default_rng(4).integers(2, 16, (8, 5)).astype(np.int32)
-  np.testing.assert_allclose(_block_logits(target, inputs, dec, prefix=3),
-                             _block_logits(canonical, inputs, dec, prefix=3),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    _block_logits(target, inputs, dec, prefix=3),
+    _block_logits(canonical, inputs, dec, prefix=3),
+    rtol=1e-5,
+    atol=1e-5,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -228,13 +257,15 @@ def plain_greedy(target, inputs):
 
 @needs_kernel
 @pytest.mark.parametrize('gamma', [1, 3, 7])
-def test_greedy_identity_kernel_on(target, near_draft, far_draft, inputs,
-                                   plain_greedy, gamma):
+def test_greedy_identity_kernel_on(
+  target, near_draft, far_draft, inputs, plain_greedy, gamma
+):
   assert target.packed is not None and near_draft.packed is not None
   assert (plain_greedy.lengths < MAX_LEN).sum() >= 2
   for draft in (near_draft, far_draft):
-    out = sd.generate(target, inputs, draft=draft, gamma=gamma,
-                      max_decode_len=MAX_LEN)
+    out = sd.generate(
+      target, inputs, draft=draft, gamma=gamma, max_decode_len=MAX_LEN
+    )
     np.testing.assert_array_equal(out.tokens, plain_greedy.tokens)
     np.testing.assert_array_equal(out.lengths, plain_greedy.lengths)
 
@@ -248,10 +279,18 @@ def test_greedy_kernel_on_equals_kernel_off(canonical, inputs, plain_greedy):
 @needs_kernel
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
 def test_draft_equal_to_target_kernel_on(target, inputs, temperature):
-  spec = sd.generate(target, inputs, draft=target, gamma=3,
-                     temperature=temperature, max_decode_len=MAX_LEN, seed=11)
-  plain = sd.generate(target, inputs, temperature=temperature,
-                      max_decode_len=MAX_LEN, seed=11)
+  spec = sd.generate(
+    target,
+    inputs,
+    draft=target,
+    gamma=3,
+    temperature=temperature,
+    max_decode_len=MAX_LEN,
+    seed=11,
+  )
+  plain = sd.generate(
+    target, inputs, temperature=temperature, max_decode_len=MAX_LEN, seed=11
+  )
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   assert spec.stats.alpha == pytest.approx(1.0)
 
@@ -264,15 +303,17 @@ def test_greedy_identity_bfloat16_packing(target, inputs):
   assert t16.packed['decoder']['logits_dense']['kernel'].dtype == jnp.bfloat16
   plain = sd.generate(t16, inputs, max_decode_len=MAX_LEN)
   for gamma in (1, 3):
-    out = sd.generate(t16, inputs, draft=d16, gamma=gamma,
-                      max_decode_len=MAX_LEN)
+    out = sd.generate(
+      t16, inputs, draft=d16, gamma=gamma, max_decode_len=MAX_LEN
+    )
     np.testing.assert_array_equal(out.tokens, plain.tokens)
 
 
 @needs_kernel
 def test_greedy_identity_tied_embeddings():
-  m = sd.Model.init(tiny_config(logits_via_embedding=True,
-                                mlp_activations=('relu',)), seed=5)
+  m = sd.Model.init(
+    tiny_config(logits_via_embedding=True, mlp_activations=('relu',)), seed=5
+  )
   draft = perturbed(m, 0.1, seed=6)
   enc = encoder_batch(4, 7, 16, seed=5)
   plain = sd.generate(m, enc, max_decode_len=16)
@@ -287,8 +328,7 @@ def test_greedy_identity_tied_embeddings():
 
 def test_save_load_round_trip(tmp_path, target, inputs):
   target.save(str(tmp_path / 'ckpt'))
-  written = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path)
-             for f in fs]
+  written = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
   assert not any('packed' in f for f in written)
   loaded = sd.Model.load(str(tmp_path / 'ckpt'))
   jax.tree.map(np.testing.assert_array_equal, loaded.params, target.params)
@@ -304,5 +344,6 @@ def test_with_params_repacks(target):
   m = target.with_params(params)
   if m.packed is not None:
     np.testing.assert_array_equal(
-        ops.unpack(m.packed['decoder']['logits_dense']['kernel']),
-        params['decoder']['logits_dense']['kernel'])
+      ops.unpack(m.packed['decoder']['logits_dense']['kernel']),
+      params['decoder']['logits_dense']['kernel'],
+    )

@@ -10,8 +10,11 @@ from spec_decode.partitioning import Partitioner
 
 @pytest.fixture
 def clean_env(monkeypatch):
-  for name in ('JAX_COORDINATOR_ADDRESS', multihost.MULTIHOST_ENV,
-               'TPU_WORKER_HOSTNAMES'):
+  for name in (
+    'JAX_COORDINATOR_ADDRESS',
+    multihost.MULTIHOST_ENV,
+    'TPU_WORKER_HOSTNAMES',
+  ):
     monkeypatch.delenv(name, raising=False)
   return monkeypatch
 
@@ -58,7 +61,11 @@ def test_partitioner_rules_and_validation():
   spec = p.mesh_axes(('embed', 'joined_kv'))
   assert tuple(spec) == (None, 'model')
   assert tuple(p.mesh_axes(('batch', 'length', 'heads', 'kv'))) == (
-      'data', None, 'model', None)
+    'data',
+    None,
+    'model',
+    None,
+  )
   assert tuple(p.replicated().mesh_axes(('vocab', 'embed'))) == (None, None)
   with pytest.raises(ValueError, match='disagree'):
     Partitioner(model=2, num_partitions=4)

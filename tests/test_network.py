@@ -11,9 +11,10 @@ import spec_decode as sd
 from spec_decode import network
 
 CONFIGS = {
-    'v1_1': tiny_config(vocab_size=24),
-    'original': tiny_config(vocab_size=24, mlp_activations=('relu',),
-                            logits_via_embedding=True),
+  'v1_1': tiny_config(vocab_size=24),
+  'original': tiny_config(
+    vocab_size=24, mlp_activations=('relu',), logits_via_embedding=True
+  ),
 }
 
 
@@ -33,7 +34,7 @@ def _step_by_step(model, enc, dec, chunks):
   state = model.init_state(jnp.asarray(enc), dec.shape[1] + 3)
   out, t = [], 0
   for size in chunks:
-    logits, state = model.score(state, jnp.asarray(dec[:, t:t + size]))
+    logits, state = model.score(state, jnp.asarray(dec[:, t : t + size]))
     out.append(logits)
     t += size
   np.testing.assert_array_equal(state.cache.index, t)
@@ -53,8 +54,9 @@ def test_multi_token_calls_equal_teacher_forcing(model, chunks):
   enc = encoder_batch(3, 7, model.vocab_size)
   dec = _decoder_inputs(3, 9, model.vocab_size)
   full = np.asarray(model.logits(enc, dec))
-  np.testing.assert_allclose(_step_by_step(model, enc, dec, chunks), full,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    _step_by_step(model, enc, dec, chunks), full, rtol=1e-5, atol=1e-5
+  )
 
 
 def test_block_write_equals_single_writes(model):
@@ -64,9 +66,12 @@ def test_block_write_equals_single_writes(model):
   _, s1 = model.score(s1, dec)
   s2 = model.init_state(enc, 8)
   for t in range(6):
-    _, s2 = model.score(s2, dec[:, t:t + 1])
-  for a, b in zip(s1.cache.keys + s1.cache.values,
-                  s2.cache.keys + s2.cache.values, strict=True):
+    _, s2 = model.score(s2, dec[:, t : t + 1])
+  for a, b in zip(
+    s1.cache.keys + s1.cache.values,
+    s2.cache.keys + s2.cache.values,
+    strict=True,
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -111,7 +116,8 @@ def test_log_probs_match_logits(model):
   logits = np.asarray(model.logits(enc, inputs), np.float64)
   ref = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(
-      lp, np.take_along_axis(ref, targets[..., None], -1)[..., 0], atol=1e-5)
+    lp, np.take_along_axis(ref, targets[..., None], -1)[..., 0], atol=1e-5
+  )
 
 
 def test_encoder_padding_is_invisible(model):
@@ -119,8 +125,9 @@ def test_encoder_padding_is_invisible(model):
   enc[0, 3:] = 0
   padded = np.concatenate([enc, np.zeros((1, 4), np.int32)], axis=1)
   dec = _decoder_inputs(1, 4, model.vocab_size)
-  np.testing.assert_allclose(model.logits(enc, dec), model.logits(padded, dec),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    model.logits(enc, dec), model.logits(padded, dec), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_t5x_parameter_names_and_axes():
@@ -128,27 +135,39 @@ def test_t5x_parameter_names_and_axes():
   p = m.params
   cfg = m.config
   inner = cfg.num_heads * cfg.head_dim
-  assert p['token_embedder']['embedding'].shape == (cfg.vocab_size,
-                                                    cfg.emb_dim)
+  assert p['token_embedder']['embedding'].shape == (cfg.vocab_size, cfg.emb_dim)
   assert p['encoder']['relpos_bias']['rel_embedding'].shape == (
-      cfg.num_heads, cfg.relative_attention_num_buckets)
+    cfg.num_heads,
+    cfg.relative_attention_num_buckets,
+  )
   layer = p['decoder']['layers_0']
   assert set(layer) == {
-      'pre_self_attention_layer_norm', 'self_attention',
-      'pre_cross_attention_layer_norm', 'encoder_decoder_attention',
-      'pre_mlp_layer_norm', 'mlp'}
-  assert layer['self_attention']['query']['kernel'].shape == (cfg.emb_dim,
-                                                              inner)
-  assert layer['self_attention']['out']['kernel'].shape == (inner,
-                                                            cfg.emb_dim)
+    'pre_self_attention_layer_norm',
+    'self_attention',
+    'pre_cross_attention_layer_norm',
+    'encoder_decoder_attention',
+    'pre_mlp_layer_norm',
+    'mlp',
+  }
+  assert layer['self_attention']['query']['kernel'].shape == (
+    cfg.emb_dim,
+    inner,
+  )
+  assert layer['self_attention']['out']['kernel'].shape == (inner, cfg.emb_dim)
   assert set(layer['mlp']) == {'wi_0', 'wi_1', 'wo'}
-  assert p['decoder']['logits_dense']['kernel'].shape == (cfg.emb_dim,
-                                                          cfg.vocab_size)
+  assert p['decoder']['logits_dense']['kernel'].shape == (
+    cfg.emb_dim,
+    cfg.vocab_size,
+  )
   axes = m.param_axes()
   assert tuple(axes['decoder']['layers_0']['mlp']['wo']['kernel']) == (
-      'mlp', 'embed')
-  assert tuple(axes['encoder']['layers_1']['attention']['query']['kernel']) \
-      == ('embed', 'joined_kv')
+    'mlp',
+    'embed',
+  )
+  assert tuple(axes['encoder']['layers_1']['attention']['query']['kernel']) == (
+    'embed',
+    'joined_kv',
+  )
   orig = sd.Model.init(CONFIGS['original']).params
   assert 'logits_dense' not in orig['decoder']
   assert set(orig['encoder']['layers_0']['mlp']) == {'wi', 'wo'}
@@ -161,10 +180,10 @@ def test_relative_position_buckets_match_t5():
   rel = jnp.array([-200, -64, -16, -8, -7, -1, 0, 1, 7, 8, 16, 64, 200])
   got = network.relative_position_bucket(rel, True, 32, 128)
   np.testing.assert_array_equal(
-      got, [15, 14, 10, 8, 7, 1, 0, 17, 23, 24, 26, 30, 31])
+    got, [15, 14, 10, 8, 7, 1, 0, 17, 23, 24, 26, 30, 31]
+  )
   got = network.relative_position_bucket(-rel, False, 32, 128)
-  np.testing.assert_array_equal(
-      got, [0, 0, 0, 0, 0, 0, 0, 1, 7, 8, 16, 26, 31])
+  np.testing.assert_array_equal(got, [0, 0, 0, 0, 0, 0, 0, 1, 7, 8, 16, 26, 31])
 
 
 def test_dropout_only_in_training():
@@ -176,6 +195,11 @@ def test_dropout_only_in_training():
   a = mod.apply({'params': m.params}, enc, dec)
   b = mod.apply({'params': m.params}, enc, dec)
   np.testing.assert_array_equal(a, b)
-  c = mod.apply({'params': m.params}, enc, dec, deterministic=False,
-                rngs={'dropout': jax.random.key(0)})
+  c = mod.apply(
+    {'params': m.params},
+    enc,
+    dec,
+    deterministic=False,
+    rngs={'dropout': jax.random.key(0)},
+  )
   assert np.abs(np.asarray(c) - np.asarray(a)).max() > 1e-3

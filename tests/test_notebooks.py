@@ -8,18 +8,19 @@ import pytest
 nbclient = pytest.importorskip('nbclient')
 nbformat = pytest.importorskip('nbformat')
 
-_NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'notebooks')
+_NOTEBOOKS = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'notebooks'
+)
 
 # Small settings, read by each notebook's parameters cell.
 _SMALL = {
-    'JAX_PLATFORMS': 'cpu',
-    'NB_BATCH': '2',
-    'NB_MAX_DECODE_LEN': '12',
-    'NB_GAMMA': '3',
-    'NB_TIMING_REPEATS': '1',
-    'NB_C_VALUES': '0.02,0.1',
-    'NB_MAX_GAMMA': '16',
+  'JAX_PLATFORMS': 'cpu',
+  'NB_BATCH': '2',
+  'NB_MAX_DECODE_LEN': '12',
+  'NB_GAMMA': '3',
+  'NB_TIMING_REPEATS': '1',
+  'NB_C_VALUES': '0.02,0.1',
+  'NB_MAX_GAMMA': '16',
 }
 
 
@@ -29,8 +30,11 @@ def _execute(name: str, monkeypatch, **env) -> nbformat.NotebookNode:
   path = os.path.join(_NOTEBOOKS, name)
   nb = nbformat.read(path, as_version=4)
   client = nbclient.NotebookClient(
-      nb, timeout=900, kernel_name='python3',
-      resources={'metadata': {'path': _NOTEBOOKS}})
+    nb,
+    timeout=900,
+    kernel_name='python3',
+    resources={'metadata': {'path': _NOTEBOOKS}},
+  )
   client.execute()
   return nb
 
@@ -48,10 +52,14 @@ def _text(nb) -> str:
 
 
 def test_all_notebooks_are_covered():
-  found = sorted(os.path.basename(p) for p in glob.glob(
-      os.path.join(_NOTEBOOKS, '*.ipynb')))
-  assert found == ['bring_your_own_checkpoint.ipynb', 'quickstart.ipynb',
-                   'theory.ipynb']
+  found = sorted(
+    os.path.basename(p) for p in glob.glob(os.path.join(_NOTEBOOKS, '*.ipynb'))
+  )
+  assert found == [
+    'bring_your_own_checkpoint.ipynb',
+    'quickstart.ipynb',
+    'theory.ipynb',
+  ]
 
 
 def test_notebooks_are_stored_without_outputs():
@@ -75,8 +83,12 @@ def test_quickstart(monkeypatch):
 
 def test_theory(monkeypatch):
   nb = _execute('theory.ipynb', monkeypatch)
-  images = [o for c in nb.cells for o in c.get('outputs', [])
-            if 'data' in o and 'image/png' in o.data]
+  images = [
+    o
+    for c in nb.cells
+    for o in c.get('outputs', [])
+    if 'data' in o and 'image/png' in o.data
+  ]
   assert len(images) >= 3  # Figures 2, 3 and 4
 
 
@@ -88,25 +100,45 @@ def _tiny_hf_checkpoint(path: str) -> None:
     transformers = None
   if transformers is not None:
     config = transformers.T5Config(
-        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-        num_decoder_layers=2, num_heads=4, feed_forward_proj='gated-gelu',
-        tie_word_embeddings=False, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+      vocab_size=64,
+      d_model=32,
+      d_kv=8,
+      d_ff=64,
+      num_layers=2,
+      num_decoder_layers=2,
+      num_heads=4,
+      feed_forward_proj='gated-gelu',
+      tie_word_embeddings=False,
+      dropout_rate=0.0,
+      decoder_start_token_id=0,
+      pad_token_id=0,
+      eos_token_id=1,
+    )
     transformers.T5ForConditionalGeneration(config).save_pretrained(path)
     return
   import spec_decode as sd  # pylint: disable=g-import-not-at-top
   from spec_decode import hf_checkpoint  # pylint: disable=g-import-not-at-top
-  cfg = sd.T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8,
-                    mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2,
-                    mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+
+  cfg = sd.T5Config(
+    vocab_size=64,
+    emb_dim=32,
+    num_heads=4,
+    head_dim=8,
+    mlp_dim=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+  )
   hf_checkpoint.save_safetensors(sd.Model.init(cfg), path)
 
 
 def test_bring_your_own_checkpoint(monkeypatch, tmp_path):
   checkpoint = str(tmp_path / 'tiny_hf_t5')
   _tiny_hf_checkpoint(checkpoint)
-  nb = _execute('bring_your_own_checkpoint.ipynb', monkeypatch,
-                BYOC_CHECKPOINT=checkpoint)
+  nb = _execute(
+    'bring_your_own_checkpoint.ipynb', monkeypatch, BYOC_CHECKPOINT=checkpoint
+  )
   text = _text(nb)
   assert 'identical to plain decoding: 2 / 2 rows' in text
   assert checkpoint in text

@@ -15,8 +15,9 @@ def _probs(sampler, logits):
 
 def test_argmax_is_one_hot_on_first_max():
   np.testing.assert_array_equal(
-      _probs(Sampler(0.0), [[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 1.0, 0.0]]),
-      [[0, 1, 0, 0], [1, 0, 0, 0]])
+    _probs(Sampler(0.0), [[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 1.0, 0.0]]),
+    [[0, 1, 0, 0], [1, 0, 0, 0]],
+  )
 
 
 def test_temperature_is_scaled_softmax():
@@ -39,16 +40,22 @@ def test_top_p_smallest_set_reaching_p():
   probs = np.array([0.1, 0.4, 0.3, 0.2])
   logits = np.log(probs)
   # Sorted: 0.4, 0.3, 0.2, 0.1. p=0.7 needs {1, 2}; p=0.71 needs {1, 2, 3}.
-  np.testing.assert_allclose(_probs(Sampler(1.0, top_p=0.65), logits),
-                             [0, 4 / 7, 3 / 7, 0], rtol=1e-5)
-  np.testing.assert_allclose(_probs(Sampler(1.0, top_p=0.75), logits),
-                             [0, 4 / 9, 3 / 9, 2 / 9], rtol=1e-5)
-  np.testing.assert_allclose(_probs(Sampler(1.0, top_p=0.3), logits),
-                             [0, 1, 0, 0], atol=1e-7)
+  np.testing.assert_allclose(
+    _probs(Sampler(1.0, top_p=0.65), logits), [0, 4 / 7, 3 / 7, 0], rtol=1e-5
+  )
+  np.testing.assert_allclose(
+    _probs(Sampler(1.0, top_p=0.75), logits),
+    [0, 4 / 9, 3 / 9, 2 / 9],
+    rtol=1e-5,
+  )
+  np.testing.assert_allclose(
+    _probs(Sampler(1.0, top_p=0.3), logits), [0, 1, 0, 0], atol=1e-7
+  )
   # Ties at the boundary go to the lower id.
   tie = np.log(np.array([0.25, 0.25, 0.25, 0.25]))
-  np.testing.assert_allclose(_probs(Sampler(1.0, top_p=0.5), tie),
-                             [0.5, 0.5, 0, 0], atol=1e-6)
+  np.testing.assert_allclose(
+    _probs(Sampler(1.0, top_p=0.5), tie), [0.5, 0.5, 0, 0], atol=1e-6
+  )
 
 
 def test_combination_applies_temperature_then_top_k_then_top_p():
@@ -63,14 +70,20 @@ def test_combination_applies_temperature_then_top_k_then_top_p():
   want = np.zeros(5)
   want[order[before < p]] = pk[order[before < p]]
   want /= want.sum()
-  np.testing.assert_allclose(_probs(Sampler(t, top_k=k, top_p=p), logits),
-                             want, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    _probs(Sampler(t, top_k=k, top_p=p), logits), want, rtol=1e-5, atol=1e-7
+  )
 
 
 def test_batched_shapes_and_normalization():
   logits = jax.random.normal(jax.random.key(0), (3, 4, 50))
-  for s in (Sampler(0.0), Sampler(1.0), Sampler(0.7, 5), Sampler(1.3, 0, 0.9),
-            Sampler(0.5, 10, 0.5)):
+  for s in (
+    Sampler(0.0),
+    Sampler(1.0),
+    Sampler(0.7, 5),
+    Sampler(1.3, 0, 0.9),
+    Sampler(0.5, 10, 0.5),
+  ):
     probs = np.asarray(s.probs(logits))
     assert probs.shape == (3, 4, 50)
     np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
@@ -86,9 +99,16 @@ def test_sample_never_draws_zero_probability_ids():
   assert abs((draws == 1).sum() - 1000) < 6 * np.sqrt(500)
 
 
-@pytest.mark.parametrize('kwargs', [
-    dict(temperature=-0.1), dict(top_k=-1), dict(top_k=1.5), dict(top_p=0.0),
-    dict(top_p=1.5)])
+@pytest.mark.parametrize(
+  'kwargs',
+  [
+    dict(temperature=-0.1),
+    dict(top_k=-1),
+    dict(top_k=1.5),
+    dict(top_p=0.0),
+    dict(top_p=1.5),
+  ],
+)
 def test_bad_settings_name_the_argument(kwargs):
   name = next(iter(kwargs))
   with pytest.raises(ValueError, match=name):

@@ -22,17 +22,26 @@ _DEVICES = 8
 _INNER = 'SPEC_DECODE_SHARDING_SUBPROCESS'
 
 needs_mesh = pytest.mark.skipif(
-    jax.device_count() < _DEVICES,
-    reason='runs in the 8-device subprocess of test_in_subprocess')
+  jax.device_count() < _DEVICES,
+  reason='runs in the 8-device subprocess of test_in_subprocess',
+)
 
 
 def _config(**overrides) -> sd.T5Config:
   # Heads, mlp, vocab and joined_kv all divide by 4: every rule applies.
-  base = dict(vocab_size=32, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
-              num_encoder_layers=1, num_decoder_layers=2,
-              mlp_activations=('gelu', 'linear'), dropout_rate=0.0,
-              relative_attention_num_buckets=8,
-              relative_attention_max_distance=20)
+  base = dict(
+    vocab_size=32,
+    emb_dim=32,
+    num_heads=4,
+    head_dim=8,
+    mlp_dim=64,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=20,
+  )
   base.update(overrides)
   return sd.T5Config(**base)
 
@@ -49,9 +58,15 @@ def _sharpened(model: sd.Model) -> sd.Model:
 def _pair():
   target = _sharpened(sd.Model.init(_config(), seed=0))
   noise = np.random.default_rng(1)
-  draft = target.with_params(jax.tree.map(
-      lambda x: np.asarray(x) + 0.2 * np.std(x) * noise.standard_normal(
-          x.shape).astype(np.float32), target.params))
+  draft = target.with_params(
+    jax.tree.map(
+      lambda x: (
+        np.asarray(x)
+        + 0.2 * np.std(x) * noise.standard_normal(x.shape).astype(np.float32)
+      ),
+      target.params,
+    )
+  )
   return target, draft
 
 
@@ -72,8 +87,9 @@ def references(pair):
   """Unsharded outputs, greedy and sampled, keyed by temperature."""
   target, draft = pair
   kw = dict(draft=draft, gamma=3, max_decode_len=10, seed=np.arange(8) + 5)
-  return {t: sd.generate(target, _inputs(), temperature=t, **kw)
-          for t in (0.0, 1.0)}
+  return {
+    t: sd.generate(target, _inputs(), temperature=t, **kw) for t in (0.0, 1.0)
+  }
 
 
 def _spec(x: jax.Array) -> tuple:
@@ -89,18 +105,26 @@ def _shard(p: Partitioner, model: sd.Model) -> sd.Model:
 @needs_mesh
 @pytest.mark.parametrize('data,model', [(2, 4), (8, 1)])
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
-def test_sharded_speculative_matches_unsharded(pair, references, data, model,
-                                               temperature):
+def test_sharded_speculative_matches_unsharded(
+  pair, references, data, model, temperature
+):
   target, draft = pair
   p = Partitioner(data=data, model=model)
-  out = sd.generate(_shard(p, target), _inputs(), draft=_shard(p, draft),
-                    gamma=3, temperature=temperature, max_decode_len=10,
-                    seed=np.arange(8) + 5)
+  out = sd.generate(
+    _shard(p, target),
+    _inputs(),
+    draft=_shard(p, draft),
+    gamma=3,
+    temperature=temperature,
+    max_decode_len=10,
+    seed=np.arange(8) + 5,
+  )
   ref = references[temperature]
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
-  np.testing.assert_array_equal(out.stats.accepted_histogram,
-                                ref.stats.accepted_histogram)
+  np.testing.assert_array_equal(
+    out.stats.accepted_histogram, ref.stats.accepted_histogram
+  )
   assert len(set(ref.lengths.tolist())) > 1  # rows end at different lengths
   if temperature > 0:
     assert 0.0 < ref.stats.alpha < 1.0
@@ -111,13 +135,20 @@ def test_replicated_draft_and_padded_batch(pair, references):
   """An unsharded draft is replicated; 5 rows are padded to 6 and back."""
   target, draft = pair
   p = Partitioner(data=2, model=4)
-  out = sd.generate(_shard(p, target), _inputs()[:5], draft=draft, gamma=3,
-                    temperature=1.0, max_decode_len=10,
-                    seed=np.arange(5) + 5)
+  out = sd.generate(
+    _shard(p, target),
+    _inputs()[:5],
+    draft=draft,
+    gamma=3,
+    temperature=1.0,
+    max_decode_len=10,
+    seed=np.arange(5) + 5,
+  )
   ref = references[1.0]
   np.testing.assert_array_equal(out.tokens, ref.tokens[:5])
-  np.testing.assert_array_equal(out.stats.row_iterations,
-                                ref.stats.row_iterations[:5])
+  np.testing.assert_array_equal(
+    out.stats.row_iterations, ref.stats.row_iterations[:5]
+  )
 
 
 @needs_mesh
@@ -126,14 +157,14 @@ def test_init_in_shards_equals_unsharded_init():
   sharded = sd.Model.init(_config(), seed=3, partitioner=p)
   plain = sd.Model.init(_config(), seed=3)
   assert sharded.partitioner == p
-  for a, b in zip(jax.tree.leaves(plain.params),
-                  jax.tree.leaves(sharded.params), strict=True):
+  for a, b in zip(
+    jax.tree.leaves(plain.params), jax.tree.leaves(sharded.params), strict=True
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   attn = sharded.params['decoder']['layers_0']['self_attention']
   assert _spec(attn['query']['kernel']) == (None, 'model')
   assert _spec(attn['out']['kernel']) == ('model', None)
-  assert _spec(sharded.params['token_embedder']['embedding']) == ('model',
-                                                                  None)
+  assert _spec(sharded.params['token_embedder']['embedding']) == ('model', None)
   assert len(attn['query']['kernel'].sharding.device_set) == 8
 
 
@@ -158,8 +189,9 @@ def test_load_restores_into_shards(tmp_path, pair):
   assert loaded.partitioner == p
   mlp = loaded.params['encoder']['layers_0']['mlp']['wi_0']['kernel']
   assert _spec(mlp) == (None, 'model')
-  for a, b in zip(jax.tree.leaves(target.params),
-                  jax.tree.leaves(loaded.params), strict=True):
+  for a, b in zip(
+    jax.tree.leaves(target.params), jax.tree.leaves(loaded.params), strict=True
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -171,9 +203,15 @@ def test_global_batch_input(pair, references):
   rows = _inputs()[multihost.local_batch_slice(8)]
   enc = multihost.global_batch(p, rows, 8)
   assert _spec(enc) == ('data', None)
-  out = sd.generate(_shard(p, target), enc, draft=_shard(p, draft), gamma=3,
-                    temperature=0.0, max_decode_len=10,
-                    seed=np.arange(8) + 5)
+  out = sd.generate(
+    _shard(p, target),
+    enc,
+    draft=_shard(p, draft),
+    gamma=3,
+    temperature=0.0,
+    max_decode_len=10,
+    seed=np.arange(8) + 5,
+  )
   np.testing.assert_array_equal(out.tokens, references[0.0].tokens)
 
 
@@ -181,12 +219,27 @@ def test_in_subprocess():
   if jax.device_count() >= _DEVICES or os.environ.get(_INNER):
     pytest.skip('already running with the device mesh')
   env = dict(os.environ, JAX_PLATFORMS='cpu', **{_INNER: '1'})
-  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                      f' --xla_force_host_platform_device_count={_DEVICES}')
+  env['XLA_FLAGS'] = (
+    env.get('XLA_FLAGS', '')
+    + f' --xla_force_host_platform_device_count={_DEVICES}'
+  )
   result = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-       '-x', __file__], env=env, capture_output=True, text=True,
-      timeout=1200, cwd=os.path.dirname(os.path.dirname(__file__)))
+    [
+      sys.executable,
+      '-m',
+      'pytest',
+      '-q',
+      '-p',
+      'no:cacheprovider',
+      '-x',
+      __file__,
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+    cwd=os.path.dirname(os.path.dirname(__file__)),
+  )
   report = result.stdout[-3000:] + result.stderr[-3000:]
   assert result.returncode == 0, report
   assert ' passed' in result.stdout and 'failed' not in result.stdout, report

@@ -19,8 +19,13 @@ def _verify(p, q, tokens, uniforms, lenience=1.0):
   q = jnp.asarray(q, jnp.float32)
   bonus, residual = _keys(p.shape[0], q.shape[1])
   return speculative.ExactVerifier(lenience)(
-      p, q, jnp.asarray(tokens, jnp.int32),
-      jnp.asarray(uniforms, jnp.float32), bonus, residual)
+    p,
+    q,
+    jnp.asarray(tokens, jnp.int32),
+    jnp.asarray(uniforms, jnp.float32),
+    bonus,
+    residual,
+  )
 
 
 def _one_hot(ids):
@@ -70,19 +75,24 @@ def test_ratio_test_uses_uniforms():
     np.testing.assert_array_equal(r.accepted, [want])
   # Rejected: the residual max(0, p - q) = [0, 0.6, 0, 0] forces token 1.
   np.testing.assert_array_equal(_verify(p, q, [[0]], [[0.9]]).next_token, [1])
-  np.testing.assert_allclose(_verify(p, q, [[0]], [[0.9]]).beta, [[0.4]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    _verify(p, q, [[0]], [[0.9]]).beta, [[0.4]], rtol=1e-6
+  )
 
 
 def test_next_distribution_residual_and_bonus():
   p = jnp.array([[[0.5, 0.5, 0, 0], [0.1, 0.2, 0.3, 0.4]]])
   q = jnp.array([[[0.25, 0.25, 0.5, 0]]])
   np.testing.assert_allclose(
-      speculative.next_distribution(p, q, jnp.array([0])),
-      [[0.5, 0.5, 0, 0]], rtol=1e-6)
+    speculative.next_distribution(p, q, jnp.array([0])),
+    [[0.5, 0.5, 0, 0]],
+    rtol=1e-6,
+  )
   np.testing.assert_allclose(
-      speculative.next_distribution(p, q, jnp.array([1])),
-      [[0.1, 0.2, 0.3, 0.4]], rtol=1e-6)
+    speculative.next_distribution(p, q, jnp.array([1])),
+    [[0.1, 0.2, 0.3, 0.4]],
+    rtol=1e-6,
+  )
 
 
 def test_degenerate_residual_falls_back_to_target():
@@ -106,20 +116,26 @@ def test_beta_is_one_minus_total_variation():
   rng = np.random.default_rng(0)
   p = rng.dirichlet(np.ones(V), 5)
   q = rng.dirichlet(np.ones(V), 5)
-  np.testing.assert_allclose(speculative.beta(jnp.asarray(p), jnp.asarray(q)),
-                             1 - 0.5 * np.abs(p - q).sum(-1), rtol=1e-5)
+  np.testing.assert_allclose(
+    speculative.beta(jnp.asarray(p), jnp.asarray(q)),
+    1 - 0.5 * np.abs(p - q).sum(-1),
+    rtol=1e-5,
+  )
 
 
 def test_greedy_path_equals_general_path_on_one_hots():
   rng = np.random.default_rng(3)
   b, g = 64, 4
   target = rng.integers(0, V, (b, g + 1))
-  draft = np.where(rng.random((b, g)) < 0.6, target[:, :g],
-                   rng.integers(0, V, (b, g)))
-  general = _verify(_one_hot(target), _one_hot(draft), draft,
-                    rng.random((b, g)))
-  fast = speculative.ExactVerifier().greedy(jnp.asarray(target),
-                                            jnp.asarray(draft))
+  draft = np.where(
+    rng.random((b, g)) < 0.6, target[:, :g], rng.integers(0, V, (b, g))
+  )
+  general = _verify(
+    _one_hot(target), _one_hot(draft), draft, rng.random((b, g))
+  )
+  fast = speculative.ExactVerifier().greedy(
+    jnp.asarray(target), jnp.asarray(draft)
+  )
   np.testing.assert_array_equal(fast.accepted, general.accepted)
   np.testing.assert_array_equal(fast.next_token, general.next_token)
   np.testing.assert_allclose(fast.beta, general.beta)

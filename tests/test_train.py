@@ -33,7 +33,8 @@ def _synthetic_texts():
 def vocab_file(tmp_path_factory):
   path = tmp_path_factory.mktemp('vocab') / 'spiece.model'
   model = tokenizer.train_sentencepiece(
-    _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS)
+    _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
+  )
   path.write_bytes(model)
   return str(path)
 
@@ -44,10 +45,20 @@ def _config(**overrides):
 
 def _train(model_dir, vocab_file, **kwargs):
   args = dict(
-    model_dir=str(model_dir), model_config=_config(),
-    vocabulary_file=vocab_file, task='synthetic_tiny', train_steps=4,
-    buckets=BUCKETS, learning_rate=3e-3, warmup_steps=2, eval_every=0,
-    eval_examples=16, checkpoint_every=2, log_every=1, progress=False)
+    model_dir=str(model_dir),
+    model_config=_config(),
+    vocabulary_file=vocab_file,
+    task='synthetic_tiny',
+    train_steps=4,
+    buckets=BUCKETS,
+    learning_rate=3e-3,
+    warmup_steps=2,
+    eval_every=0,
+    eval_examples=16,
+    checkpoint_every=2,
+    log_every=1,
+    progress=False,
+  )
   args.update(kwargs)
   return train_lib.train(**args)
 
@@ -61,10 +72,12 @@ def _log(model_dir):
 
 
 def test_tokenizer_is_deterministic_with_t5_ids():
-  a = tokenizer.train_sentencepiece(_synthetic_texts(), vocab_size=140,
-                                    extra_ids=EXTRA_IDS)
-  b = tokenizer.train_sentencepiece(_synthetic_texts(), vocab_size=140,
-                                    extra_ids=EXTRA_IDS)
+  a = tokenizer.train_sentencepiece(
+    _synthetic_texts(), vocab_size=140, extra_ids=EXTRA_IDS
+  )
+  b = tokenizer.train_sentencepiece(
+    _synthetic_texts(), vocab_size=140, extra_ids=EXTRA_IDS
+  )
   assert a == b
   vocabulary = vocab_lib.Vocabulary(a, extra_ids=EXTRA_IDS)
   assert vocabulary.vocab_size == 140
@@ -78,8 +91,10 @@ def test_tokenizer_build_reads_debian_train_splits(tmp_path):
   data = tmp_path / 'debian'
   header = 'id\tsource\ttarget\n'
   rows = {
-    'ende': [('a:s', 'the red house', 'das rote Haus'),
-             ('b:s', 'a small dog', 'ein kleiner Hund')],
+    'ende': [
+      ('a:s', 'the red house', 'das rote Haus'),
+      ('b:s', 'a small dog', 'ein kleiner Hund'),
+    ],
     'summarize': [('c', 'the old cat sees a bird today', 'the old cat')],
   }
   for kind, items in rows.items():
@@ -91,16 +106,33 @@ def test_tokenizer_build_reads_debian_train_splits(tmp_path):
   assert out.is_file()
   assert vocabulary.vocab_size == 125
   assert vocabulary.decode(vocabulary.encode('das rote Haus')) == (
-    'das rote Haus')
-  assert tokenizer.main(['--data_dir', str(data), '--output',
-                         str(tmp_path / 'again.model'),
-                         '--vocab_size', '125']) == 0
+    'das rote Haus'
+  )
+  assert (
+    tokenizer.main(
+      [
+        '--data_dir',
+        str(data),
+        '--output',
+        str(tmp_path / 'again.model'),
+        '--vocab_size',
+        '125',
+      ]
+    )
+    == 0
+  )
   assert (tmp_path / 'again.model').read_bytes() == out.read_bytes()
 
 
 def test_tokenizer_missing_data_says_how_to_build(tmp_path, capsys):
-  code = tokenizer.main(['--data_dir', str(tmp_path / 'none'), '--output',
-                         str(tmp_path / 'x.model')])
+  code = tokenizer.main(
+    [
+      '--data_dir',
+      str(tmp_path / 'none'),
+      '--output',
+      str(tmp_path / 'x.model'),
+    ]
+  )
   assert code == 1
   assert 'spec_decode.debian_data' in capsys.readouterr().err
 
@@ -127,8 +159,10 @@ def test_bucketed_batches_are_fixed_shape_and_deterministic(vocab_file):
         assert row[n - 1] == vocabulary.eos_id
   assert shapes <= {((4, 40), (4, 40)), ((8, 64), (8, 64))}
   # Each example appears once per epoch.
-  seen = sum(np.count_nonzero(data.batch(s).targets.any(axis=1))
-             for s in range(data.batches_per_epoch))
+  seen = sum(
+    np.count_nonzero(data.batch(s).targets.any(axis=1))
+    for s in range(data.batches_per_epoch)
+  )
   assert seen == data.num_examples
 
 
@@ -153,8 +187,9 @@ def test_cross_entropy_masks_nothing_itself_and_smoothing_is_shifted():
 
 
 def test_training_reduces_the_loss(tmp_path, vocab_file):
-  result = _train(tmp_path, vocab_file, train_steps=30, eval_every=30,
-                  checkpoint_every=100)
+  result = _train(
+    tmp_path, vocab_file, train_steps=30, eval_every=30, checkpoint_every=100
+  )
   log = [r for r in _log(tmp_path) if 'loss' in r]
   first = np.mean([r['loss'] for r in log[:3]])
   last = np.mean([r['loss'] for r in log[-3:]])
@@ -166,7 +201,8 @@ def test_training_reduces_the_loss(tmp_path, vocab_file):
 
 
 def test_resume_continues_at_the_right_step_with_identical_state(
-    tmp_path, vocab_file, monkeypatch):
+  tmp_path, vocab_file, monkeypatch
+):
   straight = _train(tmp_path / 'straight', vocab_file)
   assert straight.step == 4
 
@@ -196,21 +232,27 @@ def test_resume_continues_at_the_right_step_with_identical_state(
 
   a = checkpoints.load(straight.model_path)
   b = checkpoints.load(final.model_path)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6,
-                                                       atol=1e-7),
-               a.params, b.params)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+    a.params,
+    b.params,
+  )
   # The optimizer state was restored too (not re-initialized).
   opt = train_lib.make_optimizer(3e-3, 4, 2)
   model = checkpoints.load(straight.model_path)
-  abstract = jax.eval_shape(lambda: train_lib.TrainState(
-    step=np.int32(0), params=model.params,
-    opt_state=opt.init(model.params)))
+  abstract = jax.eval_shape(
+    lambda: train_lib.TrainState(
+      step=np.int32(0), params=model.params, opt_state=opt.init(model.params)
+    )
+  )
   s1 = train_lib.restore_state(str(tmp_path / 'straight'), abstract)
   s2 = train_lib.restore_state(str(resumed_dir), abstract)
   assert int(s1.step) == int(s2.step) == 4
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6,
-                                                       atol=1e-7),
-               s1.opt_state, s2.opt_state)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+    s1.opt_state,
+    s2.opt_state,
+  )
   # Rerunning a finished run changes nothing.
   seen.clear()
   again = _train(resumed_dir, vocab_file)
@@ -221,19 +263,24 @@ def _random_teacher(path, vocab_file, **overrides):
   """An untrained model in `Model.save` format (a stand-in teacher)."""
   config = _config(**overrides)
   params = models.Model.init(config, seed=5).params
-  train_lib.export_model(params, config,
-                         vocab_lib.Vocabulary.from_file(vocab_file),
-                         str(path))
+  train_lib.export_model(
+    params, config, vocab_lib.Vocabulary.from_file(vocab_file), str(path)
+  )
   return str(path)
 
 
-def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path,
-                                                         vocab_file):
+def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path, vocab_file):
   teacher = _random_teacher(tmp_path / 'teacher', vocab_file)
-  student = _train(tmp_path / 'student', vocab_file, train_steps=2,
-                   model_config=_config(emb_dim=16, num_decoder_layers=1),
-                   teacher_path=teacher, distill_weight=0.5,
-                   distill_temperature=2.0, save_dtype='bfloat16')
+  student = _train(
+    tmp_path / 'student',
+    vocab_file,
+    train_steps=2,
+    model_config=_config(emb_dim=16, num_decoder_layers=1),
+    teacher_path=teacher,
+    distill_weight=0.5,
+    distill_temperature=2.0,
+    save_dtype='bfloat16',
+  )
   assert student.stopped == 'done'
   stored = checkpoints.load(student.model_path)
   assert stored.config.param_dtype == np.dtype('bfloat16')
@@ -246,13 +293,18 @@ def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path,
 
 def test_distillation_rejects_another_vocabulary(tmp_path, vocab_file):
   other = tmp_path / 'other.model'
-  other.write_bytes(tokenizer.train_sentencepiece(
-    (t.upper() for t in _synthetic_texts()), vocab_size=PIECES + EXTRA_IDS,
-    extra_ids=EXTRA_IDS))
+  other.write_bytes(
+    tokenizer.train_sentencepiece(
+      (t.upper() for t in _synthetic_texts()),
+      vocab_size=PIECES + EXTRA_IDS,
+      extra_ids=EXTRA_IDS,
+    )
+  )
   teacher = _random_teacher(tmp_path / 'teacher', str(other))
   with pytest.raises(ValueError, match='vocabularies differ'):
-    _train(tmp_path / 'student', vocab_file, train_steps=1,
-           teacher_path=teacher)
+    _train(
+      tmp_path / 'student', vocab_file, train_steps=1, teacher_path=teacher
+    )
 
 
 # ------------------------------------------------------------- gin / CLI.
@@ -265,10 +317,13 @@ def clean_gin():
   gin.clear_config()
 
 
-@pytest.mark.parametrize('name, model_file', [
-  ('configs/train_demo_target.gin', 'models/demo/target.gin'),
-  ('configs/train_demo_draft.gin', 'models/demo/draft.gin'),
-])
+@pytest.mark.parametrize(
+  'name, model_file',
+  [
+    ('configs/train_demo_target.gin', 'models/demo/target.gin'),
+    ('configs/train_demo_draft.gin', 'models/demo/draft.gin'),
+  ],
+)
 def test_train_configs_parse(clean_gin, name, model_file):
   train_lib.parse_gin([name], ["MODEL_DIR = '/tmp/x'"])
   assert gin.query_parameter('train.train.task') == 'debian_ende'
@@ -281,6 +336,7 @@ def test_train_configs_parse(clean_gin, name, model_file):
 
 def test_demo_draft_is_much_cheaper_per_step_than_the_target():
   from spec_decode import bench  # pylint: disable=g-import-not-at-top
+
   target = models.Model.from_gin('models/demo/target.gin')
   draft = models.Model.from_gin('models/demo/draft.gin')
   ratio = bench.decoder_step_bytes(draft) / bench.decoder_step_bytes(target)
@@ -289,7 +345,8 @@ def test_demo_draft_is_much_cheaper_per_step_than_the_target():
 
 def test_split_gin_args():
   bindings, rest = train_lib.split_gin_args(
-    ['--gin.TRAIN_STEPS=3', '--model_dir', 'd', '--gin.A', "'x'"])
+    ['--gin.TRAIN_STEPS=3', '--model_dir', 'd', '--gin.A', "'x'"]
+  )
   assert bindings == ['TRAIN_STEPS = 3', "A = 'x'"]
   assert rest == ['--model_dir', 'd']
 
@@ -313,10 +370,16 @@ def test_main_with_gin_file_and_flags(clean_gin, tmp_path, vocab_file):
     f'  buckets = {BUCKETS!r}\n'
     '  train_steps = 100\n'
     '  eval_examples = 8\n'
-    '  progress = False\n')
+    '  progress = False\n'
+  )
   model_dir = tmp_path / 'run'
-  code = train_lib.main([f'--gin_file={gin_file}', f'--model_dir={model_dir}',
-                         '--gin.train.train.train_steps=2'])
+  code = train_lib.main(
+    [
+      f'--gin_file={gin_file}',
+      f'--model_dir={model_dir}',
+      '--gin.train.train.train_steps=2',
+    ]
+  )
   assert code == 0
   assert (model_dir / train_lib.CONFIG_FILE).is_file()
   model = checkpoints.load(str(model_dir / train_lib.MODEL_DIR))

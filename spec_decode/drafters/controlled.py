@@ -63,13 +63,18 @@ class ControlledDraft:
     inner_logits, inner = self.inner.score(state.inner, tokens)
     batch, t = tokens.shape
     # Input at position i predicts output token i + 1 (column i).
-    cols = jnp.clip(index[:, None] + jnp.arange(t)[None],
-                    0, self.reference.shape[1] - 1)
+    cols = jnp.clip(
+      index[:, None] + jnp.arange(t)[None], 0, self.reference.shape[1] - 1
+    )
     ref = jnp.take_along_axis(self.reference, cols, axis=1)
     rows = jnp.arange(batch)[:, None]
-    coins = jax.vmap(jax.vmap(lambda r, c: jax.random.uniform(
-        jax.random.fold_in(jax.random.fold_in(self.key, r), c))))(
-            jnp.broadcast_to(rows, cols.shape), cols)
+    coins = jax.vmap(
+      jax.vmap(
+        lambda r, c: jax.random.uniform(
+          jax.random.fold_in(jax.random.fold_in(self.key, r), c)
+        )
+      )
+    )(jnp.broadcast_to(rows, cols.shape), cols)
     wrong = (ref + 1 + (ref + 1 == 1)) % self.vocab_size  # never ref, not EOS
     proposal = jnp.where(coins < self.alpha, ref, wrong)
     logits = jax.nn.one_hot(proposal, self.vocab_size) * _PROPOSAL_LOGIT

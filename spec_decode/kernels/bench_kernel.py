@@ -77,13 +77,18 @@ def _bandwidth(nbytes: int, repeats: int) -> dict:
   lib = ops._load()  # pylint: disable=protected-access
   if lib is not None:
     copy = lib.smallm_parallel_copy
-    copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                     ctypes.c_int]
+    copy.argtypes = [
+      ctypes.c_void_p,
+      ctypes.c_void_p,
+      ctypes.c_int64,
+      ctypes.c_int,
+    ]
     read = lib.smallm_parallel_read
     read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     read.restype = ctypes.c_float
     out['pool_copy'] = median_rate(
-        lambda: copy(dst.ctypes.data, src.ctypes.data, nbytes, 1))
+      lambda: copy(dst.ctypes.data, src.ctypes.data, nbytes, 1)
+    )
     out['pool_read'] = median_rate(lambda: read(src.ctypes.data, nbytes, 1))
   # The memcpy reference: bytes copied per second, best of the two copies.
   out['copy'] = max(out['numpy_copy'], out.get('pool_copy', 0.0))
@@ -123,26 +128,39 @@ def _rows(w) -> int:
 def _bench_case(name, shapes, repeats, rng) -> list[dict]:
   ws = [rng.standard_normal(s, np.float32) / np.sqrt(s[0]) for s in shapes]
   nbytes = sum(int(np.prod(s)) * 4 for s in shapes)
-  variants = {'xla_dot': ([jnp.asarray(w) for w in ws],
-                          lambda x, w: jnp.dot(x, w))}
+  variants = {
+    'xla_dot': ([jnp.asarray(w) for w in ws], lambda x, w: jnp.dot(x, w))
+  }
   if ops.available():
     variants['kernel_f32'] = ([ops.pack(w) for w in ws], ops.matmul)
-    variants['kernel_bf16'] = ([ops.pack(w, jnp.bfloat16) for w in ws],
-                               ops.matmul)
+    variants['kernel_bf16'] = (
+      [ops.pack(w, jnp.bfloat16) for w in ws],
+      ops.matmul,
+    )
   del ws
   calls = {}
   for k in KS:
-    xs = {d: jnp.asarray(rng.standard_normal((k, d), np.float32))
-          for d in {s[0] for s in shapes}}
+    xs = {
+      d: jnp.asarray(rng.standard_normal((k, d), np.float32))
+      for d in {s[0] for s in shapes}
+    }
     for variant, (weights, apply) in variants.items():
       calls[variant, k] = (_chain(apply), (xs, weights))
   times = _time_round_robin(calls, repeats)
   rows = []
   for (variant, k), t in times.items():
     read = nbytes // 2 if variant.endswith('bf16') else nbytes
-    rows.append({'case': name, 'variant': variant, 'k': k, 'ms': 1e3 * t,
-                 'v': t / times[variant, 1], 'gbs': read / t / 1e9,
-                 'weight_mb': read / 2**20})
+    rows.append(
+      {
+        'case': name,
+        'variant': variant,
+        'k': k,
+        'ms': 1e3 * t,
+        'v': t / times[variant, 1],
+        'gbs': read / t / 1e9,
+        'weight_mb': read / 2**20,
+      }
+    )
   return rows
 
 
@@ -150,58 +168,70 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=15)
   parser.add_argument('--json', default=None, help='write results here')
-  parser.add_argument('--cases', default='big,base',
-                      help='comma list of: big (4096x16384), base (T5-base '
-                      'decoder stack), small (single 768x2048)')
+  parser.add_argument(
+    '--cases',
+    default='big,base',
+    help='comma list of: big (4096x16384), base (T5-base '
+    'decoder stack), small (single 768x2048)',
+  )
   args = parser.parse_args(argv)
   rng = np.random.default_rng(0)
   info = ops.info()
   print(f'kernel: {info}')
-  print(f'jax {jax.__version__}, backend {jax.default_backend()}, '
-        f'{args.repeats} repeats, medians')
+  print(
+    f'jax {jax.__version__}, backend {jax.default_backend()}, '
+    f'{args.repeats} repeats, medians'
+  )
   bw = _bandwidth(256 << 20, args.repeats)
-  print('256 MB: ' + ', '.join(f'{k} {v:.1f}' for k, v in bw.items())
-        + ' GB/s')
+  print('256 MB: ' + ', '.join(f'{k} {v:.1f}' for k, v in bw.items()) + ' GB/s')
   read_ref = bw.get('pool_read', bw['copy'])
   cases = {
-      'big': [(4096, 16384)],
-      'base': _base_stack_shapes(),
-      'small': [(768, 2048)],
+    'big': [(4096, 16384)],
+    'base': _base_stack_shapes(),
+    'small': [(768, 2048)],
   }
   rows = []
   for name in args.cases.split(','):
     rows += _bench_case(name, cases[name], args.repeats, rng)
   print()
-  header = (f'{"case":6} {"variant":12} ' +
-            ' '.join(f'{"v(" + str(k) + ")":>6}' for k in KS) +
-            f' {"ms(1)":>7} {"GB/s(1)":>7} {"%copy":>6} {"%read":>6}')
+  header = (
+    f'{"case":6} {"variant":12} '
+    + ' '.join(f'{"v(" + str(k) + ")":>6}' for k in KS)
+    + f' {"ms(1)":>7} {"GB/s(1)":>7} {"%copy":>6} {"%read":>6}'
+  )
   print(header)
   for name in args.cases.split(','):
     for variant in ('xla_dot', 'kernel_f32', 'kernel_bf16'):
-      sel = sorted((r for r in rows
-                    if r['case'] == name and r['variant'] == variant),
-                   key=lambda r: r['k'])
+      sel = sorted(
+        (r for r in rows if r['case'] == name and r['variant'] == variant),
+        key=lambda r: r['k'],
+      )
       if not sel:
         continue
       r1 = sel[0]
-      print(f'{name:6} {variant:12} ' +
-            ' '.join(f'{r["v"]:6.2f}' for r in sel) +
-            f' {r1["ms"]:7.2f} {r1["gbs"]:7.1f} '
-            f'{100 * r1["gbs"] / bw["copy"]:5.0f}% '
-            f'{100 * r1["gbs"] / read_ref:5.0f}%')
+      print(
+        f'{name:6} {variant:12} '
+        + ' '.join(f'{r["v"]:6.2f}' for r in sel)
+        + f' {r1["ms"]:7.2f} {r1["gbs"]:7.1f} '
+        f'{100 * r1["gbs"] / bw["copy"]:5.0f}% '
+        f'{100 * r1["gbs"] / read_ref:5.0f}%'
+      )
   print('\nms per call, k = ' + ', '.join(map(str, KS)) + ':')
   for name in args.cases.split(','):
     for variant in ('xla_dot', 'kernel_f32', 'kernel_bf16'):
-      sel = sorted((r for r in rows
-                    if r['case'] == name and r['variant'] == variant),
-                   key=lambda r: r['k'])
+      sel = sorted(
+        (r for r in rows if r['case'] == name and r['variant'] == variant),
+        key=lambda r: r['k'],
+      )
       if sel:
-        print(f'{name:6} {variant:12} ' +
-              ' '.join(f'{r["ms"]:8.2f}' for r in sel))
+        print(
+          f'{name:6} {variant:12} ' + ' '.join(f'{r["ms"]:8.2f}' for r in sel)
+        )
   if args.json:
     with open(args.json, 'w') as f:
-      json.dump({'kernel': info, 'bandwidth_gbs': bw, 'rows': rows}, f,
-                indent=2)
+      json.dump(
+        {'kernel': info, 'bandwidth_gbs': bw, 'rows': rows}, f, indent=2
+      )
 
 
 if __name__ == '__main__':

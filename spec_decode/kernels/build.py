@@ -38,7 +38,8 @@ class BuildError(RuntimeError):
 
 def _compiler() -> str:
   return os.environ.get('SPEC_DECODE_KERNEL_CXX') or os.environ.get(
-      'CXX', 'g++')
+    'CXX', 'g++'
+  )
 
 
 def _march() -> str:
@@ -59,8 +60,15 @@ def _cpu_flags() -> str:
 
 def _flags(march: str, include_dir: str) -> list[str]:
   return [
-      '-O3', f'-march={march}', '-std=c++17', '-shared', '-fPIC',
-      '-fvisibility=hidden', '-isystem', include_dir, '-Wall',
+    '-O3',
+    f'-march={march}',
+    '-std=c++17',
+    '-shared',
+    '-fPIC',
+    '-fvisibility=hidden',
+    '-isystem',
+    include_dir,
+    '-Wall',
   ]
 
 
@@ -68,7 +76,8 @@ def _build_dir() -> pathlib.Path:
   if os.access(_HERE, os.W_OK):
     return _HERE
   cache = pathlib.Path(
-      os.environ.get('XDG_CACHE_HOME', pathlib.Path.home() / '.cache'))
+    os.environ.get('XDG_CACHE_HOME', pathlib.Path.home() / '.cache')
+  )
   return cache / 'spec_decode' / 'kernels'
 
 
@@ -84,14 +93,20 @@ def _stamp(march: str) -> str:
 
   cxx = _compiler()
   try:
-    version = subprocess.run([cxx, '--version'], capture_output=True,
-                             text=True, check=False).stdout
+    version = subprocess.run(
+      [cxx, '--version'], capture_output=True, text=True, check=False
+    ).stdout
   except OSError:
     version = 'missing'
   h = hashlib.sha256()
-  for part in (SOURCE.read_bytes(), ' '.join(_flags(march, '')).encode(),
-               cxx.encode(), version.encode(), jax.__version__.encode(),
-               (_cpu_flags() if march == 'native' else '').encode()):
+  for part in (
+    SOURCE.read_bytes(),
+    ' '.join(_flags(march, '')).encode(),
+    cxx.encode(),
+    version.encode(),
+    jax.__version__.encode(),
+    (_cpu_flags() if march == 'native' else '').encode(),
+  ):
     h.update(part)
     h.update(b'\0')
   return h.hexdigest()
@@ -117,8 +132,9 @@ def is_stale(march: str | None = None) -> bool:
   return stamp.read_text().strip() != _stamp(march)
 
 
-def build(march: str | None = None, force: bool = False,
-          verbose: bool = False) -> pathlib.Path:
+def build(
+  march: str | None = None, force: bool = False, verbose: bool = False
+) -> pathlib.Path:
   """Compiles the library if missing or stale; returns its path.
 
   Raises:
@@ -134,19 +150,29 @@ def build(march: str | None = None, force: bool = False,
       return lib
     cxx = _compiler()
     if shutil.which(cxx) is None:
-      raise BuildError(f'no C++ compiler {cxx!r} on PATH (set '
-                       'SPEC_DECODE_KERNEL_CXX or install g++)')
+      raise BuildError(
+        f'no C++ compiler {cxx!r} on PATH (set '
+        'SPEC_DECODE_KERNEL_CXX or install g++)'
+      )
     fd, tmp = tempfile.mkstemp(suffix='.so', dir=lib.parent)
     os.close(fd)
-    cmd = [cxx, *_flags(march, jax.ffi.include_dir()), str(SOURCE), '-o',
-           tmp, '-lpthread']
+    cmd = [
+      cxx,
+      *_flags(march, jax.ffi.include_dir()),
+      str(SOURCE),
+      '-o',
+      tmp,
+      '-lpthread',
+    ]
     if verbose:
       print(' '.join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
       os.unlink(tmp)
-      raise BuildError(f'compiling {SOURCE.name} failed:\n{" ".join(cmd)}\n'
-                       f'{proc.stderr[-4000:]}')
+      raise BuildError(
+        f'compiling {SOURCE.name} failed:\n{" ".join(cmd)}\n'
+        f'{proc.stderr[-4000:]}'
+      )
     # Rename, not overwrite in place: a process that has the old library
     # mapped keeps a valid file.
     os.replace(tmp, lib)
@@ -157,9 +183,11 @@ def build(march: str | None = None, force: bool = False,
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--force', action='store_true', help='rebuild always')
-  parser.add_argument('--march', default=None,
-                      help='-march value (default: $SPEC_DECODE_KERNEL_MARCH '
-                      'or native)')
+  parser.add_argument(
+    '--march',
+    default=None,
+    help='-march value (default: $SPEC_DECODE_KERNEL_MARCH or native)',
+  )
   args = parser.parse_args(argv)
   try:
     lib = build(args.march, force=args.force, verbose=True)

@@ -47,8 +47,9 @@ _PANEL = {np.dtype(np.float32): 16, np.dtype(ml_dtypes.bfloat16): 32}
 MAX_K = 32
 
 
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=['data'], meta_fields=['n'])
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=['data'], meta_fields=['n']
+)
 @dataclasses.dataclass(frozen=True)
 class Packed:
   """Weights `[D, N]` in the kernel's layout (see module docstring).
@@ -116,8 +117,9 @@ def unpack(packed: Packed) -> jax.Array:
   q, d, cols = data.shape
   if cols == 32:
     data = data.reshape(q, d, 16, 2).transpose(0, 1, 3, 2)
-  return data.reshape(q, d, cols).transpose(1, 0, 2).reshape(d, -1)[
-      :, :packed.n]
+  return (
+    data.reshape(q, d, cols).transpose(1, 0, 2).reshape(d, -1)[:, : packed.n]
+  )
 
 
 # --------------------------------------------------------------------------
@@ -129,7 +131,11 @@ _state = {}  # 'lib' -> ctypes.CDLL, or 'error' -> str
 
 def _disabled() -> bool:
   return os.environ.get('SPEC_DECODE_KERNEL', '1').lower() in (
-      '0', 'false', 'off', 'no')
+    '0',
+    'false',
+    'off',
+    'no',
+  )
 
 
 def _load():
@@ -142,21 +148,26 @@ def _load():
       lib = ctypes.CDLL(str(path))
       lib.smallm_isa.restype = ctypes.c_char_p
       lib.smallm_threads.restype = ctypes.c_int
-      for name, fn in ((_TARGET_F32, lib.SmallmF32),
-                       (_TARGET_BF16, lib.SmallmBf16)):
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(fn),
-                                    platform='cpu')
+      for name, fn in (
+        (_TARGET_F32, lib.SmallmF32),
+        (_TARGET_BF16, lib.SmallmBf16),
+      ):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(fn), platform='cpu')
       if lib.smallm_isa().decode() != 'avx512':
         warnings.warn(
-            'spec_decode.kernels: this CPU (or -march) has no AVX-512; the '
-            f'kernel runs its {lib.smallm_isa().decode()} path, slower than '
-            'the AVX-512 one.', stacklevel=3)
+          'spec_decode.kernels: this CPU (or -march) has no AVX-512; the '
+          f'kernel runs its {lib.smallm_isa().decode()} path, slower than '
+          'the AVX-512 one.',
+          stacklevel=3,
+        )
       _state['lib'] = lib
     except (build_lib.BuildError, OSError, AttributeError) as e:
       _state['error'] = str(e)
       warnings.warn(
-          'spec_decode.kernels: small-K matmul kernel unavailable, using '
-          f'jnp.einsum instead ({e})', stacklevel=3)
+        'spec_decode.kernels: small-K matmul kernel unavailable, using '
+        f'jnp.einsum instead ({e})',
+        stacklevel=3,
+      )
     return _state.get('lib')
 
 
@@ -172,9 +183,12 @@ def info() -> dict:
   lib = _load()
   if lib is None:
     return {'available': False, 'reason': _state.get('error', '')}
-  return {'available': True, 'isa': lib.smallm_isa().decode(),
-          'threads': lib.smallm_threads(),
-          'library': str(build_lib.library_path())}
+  return {
+    'available': True,
+    'isa': lib.smallm_isa().decode(),
+    'threads': lib.smallm_threads(),
+    'library': str(build_lib.library_path()),
+  }
 
 
 # --------------------------------------------------------------------------
@@ -186,26 +200,36 @@ def _einsum(x2: jax.Array, data: jax.Array, n: int) -> jax.Array:
   data = data.astype(jnp.float32)
   q, d, cols = data.shape
   if cols == 32:
-    y = jnp.einsum('kd,qdjh->kqhj', x2, data.reshape(q, d, 16, 2),
-                   precision=jax.lax.Precision.HIGHEST)
+    y = jnp.einsum(
+      'kd,qdjh->kqhj',
+      x2,
+      data.reshape(q, d, 16, 2),
+      precision=jax.lax.Precision.HIGHEST,
+    )
   else:
-    y = jnp.einsum('kd,pdc->kpc', x2, data,
-                   precision=jax.lax.Precision.HIGHEST)
+    y = jnp.einsum('kd,pdc->kpc', x2, data, precision=jax.lax.Precision.HIGHEST)
   return y.reshape(x2.shape[0], q * cols)[:, :n]
 
 
 def _kernel(x2: jax.Array, data: jax.Array, n: int) -> jax.Array:
   target = _TARGET_BF16 if data.dtype == jnp.bfloat16 else _TARGET_F32
   call = jax.ffi.ffi_call(
-      target, jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
-      # Under vmap the batch dim joins K and the packed weights get a leading
-      # 1; the kernel folds both (batched weights are rejected).
-      vmap_method='expand_dims')
+    target,
+    jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
+    # Under vmap the batch dim joins K and the packed weights get a leading
+    # 1; the kernel folds both (batched weights are rejected).
+    vmap_method='expand_dims',
+  )
   return call(x2, data)
 
 
-def matmul(x: jax.Array, packed: Packed, *, use_kernel: bool | None = None,
-           max_k: int = MAX_K) -> jax.Array:
+def matmul(
+  x: jax.Array,
+  packed: Packed,
+  *,
+  use_kernel: bool | None = None,
+  max_k: int = MAX_K,
+) -> jax.Array:
   """`x @ W` for `W` packed by `pack`; works inside jit, scan, while_loop.
 
   Args:
@@ -231,9 +255,11 @@ def matmul(x: jax.Array, packed: Packed, *, use_kernel: bool | None = None,
     raise RuntimeError(f'matmul: kernel unavailable: {info()}')
   if use_kernel and 0 < k <= max_k and packed.n > 0:
     y = jax.lax.platform_dependent(
-        x2, data,
-        cpu=functools.partial(_kernel, n=packed.n),
-        default=functools.partial(_einsum, n=packed.n))
+      x2,
+      data,
+      cpu=functools.partial(_kernel, n=packed.n),
+      default=functools.partial(_einsum, n=packed.n),
+    )
   else:
     y = _einsum(x2, data, packed.n)
   return y.reshape(*lead, packed.n).astype(x.dtype)
@@ -260,8 +286,12 @@ def pack_params(params, dtype=jnp.float32, min_elements: int = 0) -> dict:
       sub = pack_params(value, dtype, min_elements)
       if sub:
         out[key] = sub
-    elif (key == 'kernel' and getattr(value, 'ndim', 0) == 2 and
-          value.size >= min_elements):
-      out[key] = pack(value if isinstance(value, jax.Array) else
-                      np.asarray(value), dtype)
+    elif (
+      key == 'kernel'
+      and getattr(value, 'ndim', 0) == 2
+      and value.size >= min_elements
+    ):
+      out[key] = pack(
+        value if isinstance(value, jax.Array) else np.asarray(value), dtype
+      )
   return out
