@@ -174,6 +174,68 @@ def _inputs(batch: int, seed: int = 0) -> np.ndarray:
   return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
 
 
+def controlled_speedups(
+  cfg,
+  target,
+  draft_net,
+  enc,
+  plain,
+  plain_time,
+  reference,
+  t_times,
+  d_times,
+  v_of_k,
+) -> dict:
+  """Speculative vs plain under `ControlledDraft` at each alpha in ALPHAS.
+
+  γ comes from `theory.choose_gamma` with the measured c and v(k); each
+  speculative output is checked equal to the plain one. Also reports where
+  an iteration's time goes: the model calls it makes (γ draft steps and one
+  target call over γ + 1 tokens, timed inside compiled loops) and the rest.
+  """
+  c = d_times[1] / t_times[1]
+  speedups = {}
+  for alpha in ALPHAS:
+    gamma, _ = theory.choose_gamma(alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1)
+    gamma = int(gamma)
+    draft = drafters.ControlledDraft(
+      inner=draft_net,
+      reference=jnp.asarray(reference),
+      alpha=jnp.float32(alpha),
+      key=jax.random.key(17),
+    )
+    spec_time, spec = _timed_generate(
+      cfg.repeats,
+      model=target,
+      encoder_tokens=enc,
+      draft=draft,
+      gamma=gamma,
+      max_decode_len=cfg.max_decode_len,
+    )
+    assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
+    a_hat = spec.stats.alpha
+    predicted = float(
+      theory.walltime_improvement(a_hat, gamma, c, v_of_k[gamma + 1])
+    )
+    measured = plain_time / spec_time
+    iteration = spec_time / max(spec.stats.target_calls, 1)
+    model_calls = gamma * d_times[1] + t_times[1] * v_of_k[gamma + 1]
+    speedups[str(alpha)] = dict(
+      gamma=gamma,
+      alpha_measured=a_hat,
+      measured=measured,
+      predicted=predicted,
+      ratio=measured / predicted,
+      predicted_v1=float(theory.walltime_improvement(a_hat, gamma, c)),
+      tokens_per_call=spec.stats.tokens_per_call,
+      spec_seconds=spec_time,
+      iteration_ms=iteration * 1e3,
+      model_calls_ms=model_calls * 1e3,
+      overhead_ms=(iteration - model_calls) * 1e3,
+    )
+  return speedups
+
+
 def run(cfg: BenchConfig) -> dict[str, Any]:
   results: dict[str, Any] = {
     'machine': {
@@ -227,47 +289,18 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
   # 3. controlled acceptance.
   v_of_k = {1: 1.0, **v}
   reference = sd.generate(target, enc1, max_decode_len=m + max(cfg.ks) + 2)
-  speedups = {}
-  for alpha in ALPHAS:
-    gamma, _ = theory.choose_gamma(alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1)
-    gamma = int(gamma)
-    draft = drafters.ControlledDraft(
-      inner=draft_net,
-      reference=jnp.asarray(reference.tokens),
-      alpha=jnp.float32(alpha),
-      key=jax.random.key(17),
-    )
-    spec_time, spec = _timed_generate(
-      cfg.repeats,
-      model=target,
-      encoder_tokens=enc1,
-      draft=draft,
-      gamma=gamma,
-      max_decode_len=m,
-    )
-    assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
-    a_hat = spec.stats.alpha
-    predicted = float(
-      theory.walltime_improvement(a_hat, gamma, c, v_of_k[gamma + 1])
-    )
-    measured = plain_time / spec_time
-    # Where the time goes: one iteration's walltime against the model calls
-    # it makes (gamma draft steps and one target call over gamma + 1
-    # tokens, timed inside compiled loops); the rest is loop overhead.
-    iteration = spec_time / max(spec.stats.target_calls, 1)
-    model_calls = gamma * d_times[1] + t_times[1] * v_of_k[gamma + 1]
-    speedups[str(alpha)] = dict(
-      gamma=gamma,
-      alpha_measured=a_hat,
-      measured=measured,
-      predicted=predicted,
-      ratio=measured / predicted,
-      predicted_v1=float(theory.walltime_improvement(a_hat, gamma, c)),
-      tokens_per_call=spec.stats.tokens_per_call,
-      iteration_ms=iteration * 1e3,
-      model_calls_ms=model_calls * 1e3,
-      overhead_ms=(iteration - model_calls) * 1e3,
-    )
+  speedups = controlled_speedups(
+    cfg,
+    target,
+    draft_net,
+    enc1,
+    plain,
+    plain_time,
+    reference.tokens,
+    t_times,
+    d_times,
+    v_of_k,
+  )
   results['speedup'] = speedups
 
   # 4. batch sizes, at alpha = 0.8.
@@ -375,39 +408,18 @@ def kernel_sections(
       reference = sd.generate(
         target, enc1, max_decode_len=m + max(cfg.ks) + 2
       ).tokens
-    v_of_k = {1: 1.0, **v}
-    speedups = {}
-    for alpha in ALPHAS:
-      gamma, _ = theory.choose_gamma(
-        alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1
-      )
-      gamma = int(gamma)
-      draft = drafters.ControlledDraft(
-        inner=draft_net,
-        reference=jnp.asarray(reference),
-        alpha=jnp.float32(alpha),
-        key=jax.random.key(17),
-      )
-      spec_time, spec = _timed_generate(
-        cfg.repeats,
-        model=target,
-        encoder_tokens=enc1,
-        draft=draft,
-        gamma=gamma,
-        max_decode_len=m,
-      )
-      assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
-      a_hat = spec.stats.alpha
-      predicted = float(
-        theory.walltime_improvement(a_hat, gamma, c, v_of_k[gamma + 1])
-      )
-      speedups[str(alpha)] = dict(
-        gamma=gamma,
-        alpha_measured=a_hat,
-        measured=plain_time / spec_time,
-        predicted=predicted,
-        spec_seconds=spec_time,
-      )
+    speedups = controlled_speedups(
+      cfg,
+      target,
+      draft_net,
+      enc1,
+      plain,
+      plain_time,
+      reference,
+      t_times,
+      d_times,
+      {1: 1.0, **v},
+    )
     out[name] = dict(
       plain_seconds=plain_time,
       plain_step_seconds=step_time,
