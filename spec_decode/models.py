@@ -211,6 +211,18 @@ class Model:
       jnp.asarray(decoder_input_tokens, jnp.int32),
     )
 
+  def features(self, encoder_tokens, decoder_input_tokens) -> jax.Array:
+    """Teacher-forced final decoder hidden states, float32 `[B, T, D]`.
+
+    `features[:, t]` is the hidden state (after the final norm, before the
+    vocabulary projection) from which `logits(...)[:, t]` is computed.
+    """
+    return _features_jit(
+      self,
+      jnp.asarray(encoder_tokens, jnp.int32),
+      jnp.asarray(decoder_input_tokens, jnp.int32),
+    )
+
   def log_probs(self, encoder_tokens, decoder_tokens) -> jax.Array:
     """`log p(x_t | x_<t, input)` at temperature 1, `[B, T]`.
 
@@ -255,6 +267,24 @@ class Model:
       method=network.Transformer.decode,
     )
     return logits, self._constrain(state.replace(cache=cache))
+
+  def score_with_features(self, state: T5DecodeState, tokens: jax.Array):
+    """`score`, plus the decoder's final hidden states.
+
+    Returns:
+      `logits [B, T, V]` float32, `features [B, T, D]` float32 (after the
+      final norm, before the vocabulary projection: `features[:, t]`
+      produced `logits[:, t]`) and the new state, as `score` returns them.
+    """
+    logits, features, cache = self.module.apply(
+      self._decode_variables(),
+      tokens,
+      state.cross,
+      state.cache,
+      method=network.Transformer.decode,
+      return_features=True,
+    )
+    return logits, features, self._constrain(state.replace(cache=cache))
 
   def _constrain(self, state: T5DecodeState) -> T5DecodeState:
     if self.partitioner is None:
@@ -384,6 +414,17 @@ def _logits_jit(model: Model, encoder_tokens, decoder_input_tokens):
   return model.module.apply(
     {'params': model.params}, encoder_tokens, decoder_input_tokens
   )
+
+
+@jax.jit
+def _features_jit(model: Model, encoder_tokens, decoder_input_tokens):
+  _, features = model.module.apply(
+    {'params': model.params},
+    encoder_tokens,
+    decoder_input_tokens,
+    return_features=True,
+  )
+  return features
 
 
 @jax.jit

@@ -414,12 +414,19 @@ class Decoder(nn.Module):
     cross: CrossAttentionKV,
     cache: cache_lib.KVCache | None = None,
     deterministic: bool = True,
+    return_features: bool = False,
   ):
     """Decoder inputs `tokens [B, T]` -> float32 logits `[B, T, V]`.
 
     Without a cache the T tokens are the whole (teacher-forced) prefix, at
     positions 0..T-1. With a cache they go at positions `cache.index[b] + t`,
     and the updated cache (index advanced by T) is returned too.
+
+    Returns:
+      `(logits, cache)`, `cache` None without one; with `return_features`,
+      `(logits, features, cache)`, where `features [B, T, D] float32` is the
+      final hidden state (after the final norm, before the vocabulary
+      projection and the tied-logits scaling) that produced `logits`.
     """
     cfg = self.config
     b, t = tokens.shape
@@ -461,11 +468,13 @@ class Decoder(nn.Module):
       )
     else:
       logits = self.logits_dense(x)
-    if cache is None:
-      return logits, None
-    new_cache = cache_lib.KVCache(
-      keys=tuple(new_k), values=tuple(new_v), index=index + t
-    )
+    new_cache = None
+    if cache is not None:
+      new_cache = cache_lib.KVCache(
+        keys=tuple(new_k), values=tuple(new_v), index=index + t
+      )
+    if return_features:
+      return logits, x.astype(jnp.float32), new_cache
     return logits, new_cache
 
 
@@ -487,14 +496,34 @@ class Transformer(nn.Module):
     encoded = self.encoder(encoder_tokens, True)
     return self.decoder.precompute_cross_attention(encoded, encoder_tokens)
 
-  def decode(self, tokens, cross, cache=None, deterministic: bool = True):
-    return self.decoder(tokens, cross, cache, deterministic)
+  def decode(
+    self,
+    tokens,
+    cross,
+    cache=None,
+    deterministic: bool = True,
+    return_features: bool = False,
+  ):
+    """See `Decoder.__call__`."""
+    return self.decoder(tokens, cross, cache, deterministic, return_features)
 
   def __call__(
-    self, encoder_tokens, decoder_input_tokens, deterministic: bool = True
+    self,
+    encoder_tokens,
+    decoder_input_tokens,
+    deterministic: bool = True,
+    return_features: bool = False,
   ):
-    """Teacher-forced logits `[B, T, V]` for `decoder_input_tokens [B, T]`."""
+    """Teacher-forced logits `[B, T, V]` for `decoder_input_tokens [B, T]`.
+
+    With `return_features`: `(logits, features)`, `features [B, T, D]`
+    float32 the decoder's final hidden states (see `Decoder.__call__`).
+    """
     encoded = self.encoder(encoder_tokens, deterministic)
     cross = self.decoder.precompute_cross_attention(encoded, encoder_tokens)
-    logits, _ = self.decoder(decoder_input_tokens, cross, None, deterministic)
-    return logits
+    out = self.decoder(
+      decoder_input_tokens, cross, None, deterministic, return_features
+    )
+    if return_features:
+      return out[0], out[1]
+    return out[0]
