@@ -26,6 +26,8 @@ from spec_decode import sampling
 from spec_decode import speculative
 from spec_decode.config import EOS_ID
 from spec_decode.config import PAD_ID
+from spec_decode.drafters import base as drafter_base
+from spec_decode.drafters import model_drafter
 from spec_decode.protocol import LanguageModel
 
 # `purpose` of a draw at one position (see module docstring).
@@ -42,6 +44,8 @@ class DecodeSettings:
     gamma: G, draft tokens per iteration (speculative only).
     verifier: Algorithm 1 or a variant with the same signature.
     eos_id: end-of-sequence id.
+    dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
+      where its confidence drops below tau (`drafters.model_drafter`).
   """
 
   max_decode_len: int
@@ -49,6 +53,7 @@ class DecodeSettings:
   gamma: int = 4
   verifier: speculative.Verifier = speculative.ExactVerifier()
   eos_id: int = EOS_ID
+  dynamic_gamma: float = 0.0
 
   @property
   def buffer_len(self) -> int:
@@ -66,6 +71,8 @@ class SpecCounters:
       prefix accepted).
     position_accepts: `[B, G]` iterations whose draft token i was accepted.
     beta_sum: `[B]` sum of beta over tested positions.
+    proposed: `[B]` draft tokens proposed while the row was active (G per
+      iteration unless the drafter proposes fewer).
   """
 
   iterations: jax.Array
@@ -73,6 +80,7 @@ class SpecCounters:
   position_tries: jax.Array
   position_accepts: jax.Array
   beta_sum: jax.Array
+  proposed: jax.Array
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> 'SpecCounters':
@@ -82,6 +90,7 @@ class SpecCounters:
       position_tries=jnp.zeros((batch, gamma), jnp.int32),
       position_accepts=jnp.zeros((batch, gamma), jnp.int32),
       beta_sum=jnp.zeros((batch,), jnp.float32),
+      proposed=jnp.zeros((batch,), jnp.int32),
     )
 
 
@@ -97,6 +106,8 @@ class LoopState:
     target: the target's decode state.
     draft: the draft's decode state (None for plain decoding).
     counters: speculative statistics (None for plain decoding).
+    features: `[B, D] float32` target hidden state that predicted the newest
+      token, for drafters that use target features (else None).
   """
 
   inputs: jax.Array
@@ -106,19 +117,10 @@ class LoopState:
   target: object
   draft: object = None
   counters: SpecCounters | None = None
+  features: jax.Array | None = None
 
 
-def position_keys(
-  row_keys: jax.Array, positions: jax.Array, purpose: int
-) -> jax.Array:
-  """Keys `[B, T]` for output positions `[B, T]` of rows with `row_keys [B]`."""
-
-  def one_row(key, pos):
-    return jax.vmap(
-      lambda p: jax.random.fold_in(jax.random.fold_in(key, p), purpose)
-    )(pos)
-
-  return jax.vmap(one_row)(row_keys, positions)
+position_keys = sampling.position_keys
 
 
 def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
@@ -184,18 +186,6 @@ def _outputs(state: LoopState, settings: DecodeSettings):
   return tokens, state.length
 
 
-def _draw(sampler: sampling.Sampler, keys: jax.Array, logits: jax.Array):
-  """Tokens `[B]` from `logits [B, V]`, and the distribution drawn from.
-
-  Greedy draws are the argmax and their one-hot distribution is not
-  materialized (None): skipping V-wide passes per draw matters on CPU.
-  """
-  if sampler.is_greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-  probs = sampler.probs(logits)
-  return jax.vmap(sampling.sample)(keys, probs), probs
-
-
 def plain_decode(
   target: LanguageModel,
   encoder_tokens: jax.Array,
@@ -215,7 +205,7 @@ def plain_decode(
     tgt = target.rollback(state.target, n)
     logits, tgt = target.score(tgt, last)
     keys = position_keys(row_keys, (n + 1)[:, None], _SAMPLE)[:, 0]
-    token, _ = _draw(sampler, keys, logits[:, 0])
+    token, _ = sampling.draw_tokens(sampler, keys, logits[:, 0])
     inputs, length, done, _ = _commit(
       state, token[:, None], jnp.ones_like(n), settings
     )
@@ -228,71 +218,25 @@ def plain_decode(
   return _outputs(state, settings)
 
 
-def _draft_block(
-  draft: LanguageModel,
-  draft_state,
-  state: LoopState,
-  row_keys: jax.Array,
-  settings: DecodeSettings,
-):
-  """Draws G tokens from the draft: one T=2 call, then a scan of T=1 calls.
-
-  The draft lags one input behind the target (it never saw the last draft
-  token of a fully accepted block), so its first call feeds the two newest
-  inputs at index n - 1. At n = 0 it feeds [start, pad] at 0 and uses the
-  first position's logits.
-
-  Returns:
-    draft tokens `[B, G]`, their distributions `q [B, G, V]` (None when
-    greedy: one-hot on the tokens), and the draft state.
-  """
-  n = state.length
-  sampler = settings.sampler
-  start = jnp.maximum(n - 1, 0)
-  first_inputs = _gather(state.inputs, start[:, None] + jnp.arange(2)[None])
-  ds = draft.rollback(draft_state, start)
-  logits, ds = draft.score(ds, first_inputs)
-  first_logits = jnp.where((n > 0)[:, None], logits[:, 1], logits[:, 0])
-  ds = draft.rollback(ds, n + 1)
-  positions = n[:, None] + 1 + jnp.arange(settings.gamma)[None]  # [B, G]
-  keys = position_keys(row_keys, positions, _SAMPLE)
-
-  x1, q1 = _draw(sampler, keys[:, 0], first_logits)
-
-  def step(carry, key_i):
-    ds_i, prev = carry
-    lg, ds_i = draft.score(ds_i, prev[:, None])
-    x, q = _draw(sampler, key_i, lg[:, 0])
-    return (ds_i, x), (x, q)
-
-  # Unrolled: the steps are small, and a rolled scan adds per-step loop
-  # overhead inside the while_loop (measured in `make bench`).
-  (ds, _), (xs, qs) = lax.scan(
-    step, (ds, x1), jnp.swapaxes(keys[:, 1:], 0, 1), unroll=True
-  )
-  tokens = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
-  if q1 is None:
-    return tokens, None, ds
-  q = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-  return tokens, q, ds
-
-
 def _verify(
   settings: DecodeSettings,
   logits: jax.Array,
-  q,
-  draft_tokens,
+  proposal: drafter_base.Proposal,
   row_keys: jax.Array,
   positions: jax.Array,
 ):
-  """Runs the verifier on target `logits [B, G+1, V]` and draft `q`."""
+  """Runs the verifier on target `logits [B, G+1, V]` and the proposal."""
   g = settings.gamma
   sampler = settings.sampler
   verifier = settings.verifier
+  draft_tokens, q, num = proposal.tokens, proposal.q, proposal.num
+  extra = {} if num is None else {'num_proposed': num}
   greedy_path = getattr(verifier, 'greedy', None)
   if sampler.is_greedy and greedy_path is not None:
+    if getattr(verifier, 'lenience', 1.0) < 1.0:
+      extra['target_logits'] = logits
     return greedy_path(
-      jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_tokens
+      jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_tokens, **extra
     )
   if q is None:  # Greedy draft, verifier without a greedy path.
     q = jax.nn.one_hot(draft_tokens, logits.shape[-1], dtype=jnp.float32)
@@ -307,37 +251,65 @@ def _verify(
     bonus_keys=position_keys(row_keys, positions, _SAMPLE),
     residual_keys=position_keys(row_keys, positions, _RESIDUAL),
     greedy=sampler.is_greedy,
+    **extra,
   )
+
+
+def _score_target(target, state, tokens, with_features: bool):
+  """Target logits `[B, T, V]`, features `[B, T, D]` (or None), state."""
+  if with_features:
+    return target.score_with_features(state, tokens)
+  logits, state = target.score(state, tokens)
+  return logits, None, state
 
 
 def speculative_decode(
   target: LanguageModel,
-  draft: LanguageModel,
+  draft,
   encoder_tokens: jax.Array,
   row_keys: jax.Array,
   settings: DecodeSettings,
 ):
-  """Algorithm 1 in a loop: G draft steps, one target call over G+1 inputs.
+  """Algorithm 1 in a loop: a draft block, one target call over G+1 inputs.
+
+  Args:
+    target: the target language model.
+    draft: a drafter (`spec_decode.drafters.base.Drafter`) or any language
+      model (drafting G autoregressive steps).
+    encoder_tokens: `[B, S] int32`.
+    row_keys: `[B]` PRNG keys.
+    settings: static settings.
 
   Returns:
     tokens `[B, M]`, lengths `[B]`, and `SpecCounters`.
   """
   g = settings.gamma
   batch = encoder_tokens.shape[0]
+  drafter = model_drafter.as_drafter(draft)
+  with_features = bool(getattr(drafter, 'uses_target_features', False))
 
   def body(state: LoopState) -> LoopState:
     n = state.length
     active = ~state.done
-    draft_tokens, q, ds = _draft_block(
-      draft, state.draft, state, row_keys, settings
+    positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
+    context = drafter_base.DraftContext(
+      inputs=state.inputs,
+      length=n,
+      encoder_tokens=encoder_tokens,
+      keys=position_keys(row_keys, positions[:, :g], _SAMPLE),
+      target_features=state.features,
     )
+    proposal, ds = drafter.propose(state.draft, context, settings)
+    draft_tokens = proposal.tokens
     newest = _gather(state.inputs, n[:, None])
     tgt = target.rollback(state.target, n)
-    logits, tgt = target.score(
-      tgt, jnp.concatenate([newest, draft_tokens], axis=1)
+    logits, features, tgt = _score_target(
+      target,
+      tgt,
+      jnp.concatenate([newest, draft_tokens], axis=1),
+      with_features,
     )
-    positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
-    result = _verify(settings, logits, q, draft_tokens, row_keys, positions)
+    result = _verify(settings, logits, proposal, row_keys, positions)
     a = result.accepted
     offsets = jnp.arange(g + 1)[None]
     block = jnp.where(
@@ -346,12 +318,16 @@ def speculative_decode(
       result.next_token[:, None],
     )
     inputs, length, done, kept = _commit(state, block, a + 1, settings)
+    num = proposal.num
+    if num is None:
+      num = jnp.full((batch,), g, jnp.int32)
 
     c = state.counters
-    # Position i (0-based) was tested when its prefix was accepted and it
-    # lies inside what the row kept (nothing after EOS or past M counts).
+    # Position i (0-based) was tested when it was proposed, its prefix was
+    # accepted and it lies inside what the row kept (nothing after EOS or
+    # past M counts).
     tested = (offsets[:, :g] <= a[:, None]) & (offsets[:, :g] < kept[:, None])
-    tested &= active[:, None]
+    tested &= active[:, None] & (offsets[:, :g] < num[:, None])
     accepted = tested & (offsets[:, :g] < a[:, None])
     act = active.astype(jnp.int32)
     counters = SpecCounters(
@@ -362,7 +338,11 @@ def speculative_decode(
       position_accepts=c.position_accepts + accepted,
       beta_sum=c.beta_sum
       + jnp.sum(jnp.where(tested, result.beta, 0.0), axis=1),
+      proposed=c.proposed + num * act,
     )
+    if with_features:
+      # The hidden after input n_new - 1 predicted the token just emitted.
+      features = features[jnp.arange(batch), a]
     return state.replace(
       inputs=inputs,
       length=length,
@@ -371,12 +351,18 @@ def speculative_decode(
       target=tgt,
       draft=ds,
       counters=counters,
+      features=features,
     )
 
   state = _init_loop(target, encoder_tokens, settings)
+  features = None
+  if with_features:
+    size = getattr(target, 'feature_size', None) or target.config.emb_dim
+    features = jnp.zeros((batch, size), jnp.float32)
   state = state.replace(
-    draft=draft.init_state(encoder_tokens, settings.buffer_len),
+    draft=drafter.init_draft(encoder_tokens, settings.buffer_len),
     counters=SpecCounters.zeros(batch, g),
+    features=features,
   )
   state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
   tokens, lengths = _outputs(state, settings)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import auto_gamma
 from spec_decode import decoding
 from spec_decode import multihost
 from spec_decode import partitioning
@@ -22,7 +23,8 @@ class SpecStats:
 
   Aggregated over rows:
     target_calls: target calls (loop iterations of the batch).
-    draft_calls: draft forward calls (gamma per iteration).
+    draft_calls: draft forward calls (gamma per iteration; with fewer
+      proposals in some iterations, the most any row proposed).
     accepted_histogram: `[G + 1]` iterations (summed over rows) that
       accepted 0..G draft tokens.
     per_position_acceptance: `[G]` P(draft token i accepted | tokens before
@@ -30,10 +32,13 @@ class SpecStats:
     alpha: mean beta = sum_x min(p, q) over drafted positions whose prefix
       was accepted (the paper's alpha estimate, section 3.1).
     tokens_per_call: output tokens per target call, mean over rows.
+    mean_proposed: draft tokens proposed per iteration, mean over rows and
+      iterations (gamma unless the drafter proposes fewer).
   Per row (`[B, ...]`): `row_iterations`, `row_accepted_histogram`,
   `row_alpha`, `row_tokens_per_call`, and the raw counts behind them,
   `row_position_tries [B, G]`, `row_position_accepts [B, G]` (per position:
-  iterations that tested / accepted it) and `row_beta_sum [B]`.
+  iterations that tested / accepted it), `row_beta_sum [B]` and
+  `row_proposed [B]`.
   """
 
   target_calls: int
@@ -49,6 +54,8 @@ class SpecStats:
   row_position_tries: np.ndarray
   row_position_accepts: np.ndarray
   row_beta_sum: np.ndarray
+  mean_proposed: float = 0.0
+  row_proposed: np.ndarray | None = None
 
   @property
   def gamma(self) -> int:
@@ -65,7 +72,9 @@ class SpecStats:
     iters = c.iterations
     return cls(
       target_calls=int(iters.max(initial=0)),
-      draft_calls=int(iters.max(initial=0)) * gamma,
+      draft_calls=int(
+        min(iters.max(initial=0) * gamma, c.proposed.max(initial=0))
+      ),
       accepted_histogram=c.accepted_histogram.sum(0),
       per_position_acceptance=c.position_accepts.sum(0) / np.maximum(tries, 1),
       alpha=float(c.beta_sum.sum() / max(tested.sum(), 1)),
@@ -77,6 +86,8 @@ class SpecStats:
       row_position_tries=c.position_tries,
       row_position_accepts=c.position_accepts,
       row_beta_sum=c.beta_sum,
+      mean_proposed=float(c.proposed.sum() / max(iters.sum(), 1)),
+      row_proposed=c.proposed,
     )
 
 
@@ -88,11 +99,18 @@ class GenerateOutput:
     tokens: `[B, max_decode_len] int32`; pad (0) after EOS.
     lengths: `[B] int32`, tokens up to and including EOS.
     stats: `SpecStats` for speculative decoding, None for plain decoding.
+    gamma_choice: with `gamma='auto'`, what the calibration measured and
+      chose (`auto_gamma.choose`), else None.
   """
 
   tokens: np.ndarray
   lengths: np.ndarray
   stats: SpecStats | None
+  gamma_choice: dict | None = None
+
+
+# `dynamic_gamma=True` uses this draft-confidence threshold.
+DEFAULT_CONFIDENCE = 0.5
 
 
 def row_keys(seed: Any, batch: int) -> jax.Array:
@@ -159,22 +177,34 @@ def generate(
   seed: Any = 0,
   eos_id: int = EOS_ID,
   verifier: speculative.Verifier | None = None,
+  lenience: float = 1.0,
+  dynamic_gamma: bool | float = False,
 ) -> GenerateOutput:
   """Decodes `encoder_tokens [B, S]` (int, padded with 0).
 
   Args:
     model: the target.
     encoder_tokens: `[B, S]` ints in [0, V), 0 = padding.
-    draft: None for plain decoding; else any language model (or drafter)
-      with the target's vocabulary.
-    gamma: draft tokens per iteration (>= 1).
+    draft: None for plain decoding; else any language model or drafter
+      (`spec_decode.drafters`) with the target's vocabulary.
+    gamma: draft tokens per iteration (>= 1), or 'auto': a calibration
+      decode of this batch at gamma 4 measures alpha, c and v(k) are timed,
+      and `theory.choose_gamma` picks gamma (reported in `gamma_choice`;
+      the timings are cached per target, draft and batch size).
     temperature: 0 is argmax.
     top_k: 0 keeps all ids.
     top_p: 1.0 keeps all ids.
     max_decode_len: output tokens per row at most.
     seed: int (row r uses fold_in(key(seed), r)) or int array `[B]`.
     eos_id: end-of-sequence id.
-    verifier: Algorithm 1 variant; default `ExactVerifier()`.
+    verifier: Algorithm 1 variant; default `ExactVerifier(lenience)`.
+    lenience: l in (0, 1]; 1 (the default) is exact. l < 1 accepts more
+      draft tokens and no longer samples the target's distribution
+      (appendix A.5; greedy: accept x when p(x) >= l * max p).
+    dynamic_gamma: False, True (threshold `DEFAULT_CONFIDENCE`) or a
+      threshold tau in (0, 1): a model draft stops proposing in a row where
+      its confidence (largest draft probability) drops below tau, so gamma
+      is the most tokens an iteration proposes. Exact either way.
 
   Sharded models (`Model.init/load(..., partitioner=p)`) decode sharded: the
   rows go on the mesh's `data` axis (padded to a multiple of its size with
@@ -194,12 +224,18 @@ def generate(
     top_k,
     top_p,
   )
-  if (
+  auto = isinstance(gamma, str) and gamma.strip().lower() == 'auto'
+  if not auto and (
     isinstance(gamma, bool)
     or not isinstance(gamma, (int, np.integer))
     or (gamma < 1)
   ):
-    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}')
+    raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
+  tau = _confidence_threshold(dynamic_gamma)
+  if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
+    raise ValueError(f'lenience must be in (0, 1], got {lenience!r}')
+  if verifier is not None and lenience != 1.0:
+    raise ValueError('pass lenience to your verifier, not to generate')
   if (
     isinstance(max_decode_len, bool)
     or not isinstance(max_decode_len, (int, np.integer))
@@ -214,12 +250,27 @@ def generate(
     check_pair(model, draft)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
   keys = row_keys(seed, batch)
+  gamma_choice = None
+  if auto and draft is not None:
+    gamma_choice = auto_gamma.choose(
+      model,
+      draft,
+      encoder_tokens if spans_hosts else tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      max_decode_len=max_decode_len,
+      seed=seed,
+      eos_id=eos_id,
+    )
+    gamma = gamma_choice['gamma']
   settings = decoding.DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
     gamma=int(gamma) if draft is not None else 1,
-    verifier=verifier or speculative.ExactVerifier(),
+    verifier=verifier or speculative.ExactVerifier(float(lenience)),
     eos_id=eos_id,
+    dynamic_gamma=tau if draft is not None else 0.0,
   )
   partitioner = partitioning.partitioner_of(model, draft)
   if partitioner is not None:
@@ -245,7 +296,26 @@ def generate(
   counters = jax.tree.map(lambda x: x[:batch], counters)
   lengths = lengths[:batch]
   return GenerateOutput(
-    out[:batch], lengths, SpecStats.from_counters(counters, lengths)
+    out[:batch],
+    lengths,
+    SpecStats.from_counters(counters, lengths),
+    gamma_choice,
+  )
+
+
+def _confidence_threshold(dynamic_gamma: Any) -> float:
+  """0.0 (off) or the draft-confidence threshold in (0, 1)."""
+  if dynamic_gamma is False or dynamic_gamma is None:
+    return 0.0
+  if dynamic_gamma is True:
+    return DEFAULT_CONFIDENCE
+  if isinstance(dynamic_gamma, (int, float, np.floating)) and (
+    0.0 < float(dynamic_gamma) < 1.0
+  ):
+    return float(dynamic_gamma)
+  raise ValueError(
+    'dynamic_gamma must be False, True or a confidence threshold in '
+    f'(0, 1), got {dynamic_gamma!r}'
   )
 
 

@@ -92,3 +92,32 @@ def validate(temperature, top_k, top_p) -> None:
     raise ValueError(f'top_k must be an int >= 0, got {top_k!r}')
   if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
     raise ValueError(f'top_p must be in (0, 1], got {top_p!r}')
+
+
+def position_keys(
+  row_keys: jax.Array, positions: jax.Array, purpose: int
+) -> jax.Array:
+  """Keys `[B, T]` for output positions `[B, T]` of rows with `row_keys [B]`.
+
+  `fold_in(fold_in(row_key, position), purpose)`: a row's draws depend only
+  on its own seed, the output position and what the draw is for.
+  """
+
+  def one_row(key, pos):
+    return jax.vmap(
+      lambda p: jax.random.fold_in(jax.random.fold_in(key, p), purpose)
+    )(pos)
+
+  return jax.vmap(one_row)(row_keys, positions)
+
+
+def draw_tokens(sampler: Sampler, keys: jax.Array, logits: jax.Array):
+  """Tokens `[B]` from `logits [B, V]`, and the distribution drawn from.
+
+  Greedy draws are the argmax and their one-hot distribution is not
+  materialized (None): skipping V-wide passes per draw matters on CPU.
+  """
+  if sampler.is_greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  probs = sampler.probs(logits)
+  return jax.vmap(sample)(keys, probs), probs

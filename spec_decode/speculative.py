@@ -47,6 +47,7 @@ def accepted_count(
   q_of_x: jax.Array,
   uniforms: jax.Array,
   lenience: float = 1.0,
+  num_proposed: jax.Array | None = None,
 ) -> jax.Array:
   """Number of leading draft tokens kept, `[B]`.
 
@@ -60,19 +61,29 @@ def accepted_count(
     q_of_x: `[B, G]` draft probability of each draft token (> 0).
     uniforms: `[B, G]` in [0, 1).
     lenience: l in (0, 1]; 1 is exact.
+    num_proposed: optional `[B]`, tokens proposed per row; later positions
+      are never accepted.
   """
   ok = uniforms * (lenience * q_of_x) < p_of_x
+  if num_proposed is not None:
+    ok &= jnp.arange(ok.shape[1])[None] < num_proposed[:, None]
   return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
 
 
 def next_distribution(
-  p: jax.Array, q: jax.Array, accepted: jax.Array, lenience: float = 1.0
+  p: jax.Array,
+  q: jax.Array,
+  accepted: jax.Array,
+  lenience: float = 1.0,
+  num_proposed: jax.Array | None = None,
 ) -> jax.Array:
   """Distribution of the token after the accepted ones, `[B, V]`.
 
   `norm(max(0, p - l*q))` at the first rejected position, or `p` at position
-  G (the bonus token) when everything was accepted. A residual with no mass
-  (p == q up to rounding, where rejection has probability ~0) falls back to p.
+  G (the bonus token) when everything was accepted; with `num_proposed`, `p`
+  also at position `num_proposed` (nothing was proposed there). A residual
+  with no mass (p == q up to rounding, where rejection has probability ~0)
+  falls back to p.
   """
   g = q.shape[1]
   rows = jnp.arange(p.shape[0])
@@ -85,7 +96,10 @@ def next_distribution(
     residual / jnp.maximum(mass, _RESIDUAL_FLOOR),
     p_next,
   )
-  return jnp.where((accepted == g)[:, None], p_next, residual)
+  proposed_all = accepted == g
+  if num_proposed is not None:
+    proposed_all |= accepted >= num_proposed
+  return jnp.where(proposed_all[:, None], p_next, residual)
 
 
 class Verifier(Protocol):
@@ -100,12 +114,16 @@ class Verifier(Protocol):
     bonus_keys: jax.Array,
     residual_keys: jax.Array,
     greedy: bool = False,
+    num_proposed: jax.Array | None = None,
   ) -> VerifyResult:
     """`greedy` (static): p and q are one-hot, so draws need no noise.
 
+    `num_proposed` (`[B]`, or None for all G) is passed only by drafters that
+    propose fewer than G tokens in some rows (dynamic gamma, prompt lookup).
+
     A verifier may also define `greedy(target_tokens [B, G+1], draft_tokens
-    [B, G]) -> VerifyResult` for argmax decoding; the loop then skips
-    building one-hot distributions.
+    [B, G], num_proposed=None, target_logits=None) -> VerifyResult` for
+    argmax decoding; the loop then skips building one-hot distributions.
     """
     ...
 
@@ -118,8 +136,10 @@ def _gather_token_probs(dist: jax.Array, tokens: jax.Array) -> jax.Array:
 class ExactVerifier:
   """Algorithm 1 (with optional lenience, appendix A.5; l = 1 is exact).
 
-  Lenience compares `l * q(x)` with `p(x)`; it is the sampling form of the
-  appendix (the argmax form needs raw target probabilities, not one-hots).
+  Lenience, sampling form: compare `l * q(x)` with `p(x)` (no token is then
+  drawn with probability above p(x) / l). Argmax form (`greedy`, given the
+  target logits): accept x when `p(x) >= l * max(p)`, on the target's raw
+  (temperature-1) probabilities; a rejection emits the target's argmax.
 
   Randomness: `uniforms [B, G]` for the accept tests; `bonus_keys` and
   `residual_keys` `[B, G + 1]` are per-position keys, of which the one at
@@ -134,7 +154,11 @@ class ExactVerifier:
       raise ValueError(f'lenience must be in (0, 1], got {self.lenience!r}')
 
   def greedy(
-    self, target_tokens: jax.Array, draft_tokens: jax.Array
+    self,
+    target_tokens: jax.Array,
+    draft_tokens: jax.Array,
+    num_proposed: jax.Array | None = None,
+    target_logits: jax.Array | None = None,
   ) -> VerifyResult:
     """Algorithm 1 for argmax p and q, on token ids instead of one-hots.
 
@@ -145,14 +169,22 @@ class ExactVerifier:
     Args:
       target_tokens: `[B, G + 1]` argmax of the target at each prefix.
       draft_tokens: `[B, G]`.
+      num_proposed: optional `[B]`, tokens proposed per row.
+      target_logits: `[B, G + 1, V]`, needed only for lenience < 1.
     """
-    if self.lenience < 1.0:
-      raise ValueError(
-        'lenient argmax verification needs the target '
-        'probabilities; use temperature > 0'
-      )
     g = draft_tokens.shape[1]
-    match = draft_tokens == target_tokens[:, :g]
+    if self.lenience < 1.0:
+      if target_logits is None:
+        raise ValueError('lenient argmax verification needs target_logits')
+      logits = target_logits[:, :g]
+      drafted = jnp.take_along_axis(logits, draft_tokens[..., None], -1)
+      # p(x) / max(p) = exp(logit(x) - max(logit)), no softmax needed.
+      gap = drafted[..., 0] - jnp.max(logits, axis=-1)
+      match = gap >= jnp.log(jnp.float32(self.lenience))
+    else:
+      match = draft_tokens == target_tokens[:, :g]
+    if num_proposed is not None:
+      match &= jnp.arange(g)[None] < num_proposed[:, None]
     accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=-1), axis=-1)
     rows = jnp.arange(draft_tokens.shape[0])
     return VerifyResult(
@@ -162,13 +194,21 @@ class ExactVerifier:
     )
 
   def __call__(
-    self, p, q, draft_tokens, uniforms, bonus_keys, residual_keys, greedy=False
+    self,
+    p,
+    q,
+    draft_tokens,
+    uniforms,
+    bonus_keys,
+    residual_keys,
+    greedy=False,
+    num_proposed=None,
   ):
     g = q.shape[1]
     p_x = _gather_token_probs(p[:, :g], draft_tokens)
     q_x = _gather_token_probs(q, draft_tokens)
-    accepted = accepted_count(p_x, q_x, uniforms, self.lenience)
-    dist = next_distribution(p, q, accepted, self.lenience)
+    accepted = accepted_count(p_x, q_x, uniforms, self.lenience, num_proposed)
+    dist = next_distribution(p, q, accepted, self.lenience, num_proposed)
     if greedy:
       # One-hot p and q give a one-hot residual or bonus distribution.
       next_token = jnp.argmax(dist, axis=-1).astype(jnp.int32)

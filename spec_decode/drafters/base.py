@@ -1,0 +1,109 @@
+"""The drafter protocol: how the speculative loop asks for proposals.
+
+A drafter proposes up to G tokens per row and the distributions `q` they
+were drawn from; the loop verifies them with one target call (Algorithm 1)
+and never looks inside the drafter. Any language model (`protocol.py`) is a
+drafter through `ModelDrafter` (G autoregressive draft steps); n-gram
+tables, prompt lookup, Medusa heads and hierarchical drafts implement
+`propose` directly.
+
+Exactness needs only that `q[b, i]` is the distribution `tokens[b, i]` was
+drawn from, given the row's prefix and the tokens proposed before it, and
+that the number of proposed tokens `num[b]` depends on nothing the verifier
+draws (it may depend on the drafter's own distributions and draws).
+"""
+
+from typing import Any
+from typing import Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+DraftState = Any  # A pytree whose leaves have a leading batch axis.
+
+
+@flax.struct.dataclass(kw_only=True)
+class DraftContext:
+  """What a drafter may read when it proposes (per row, `B` rows).
+
+  Attributes:
+    inputs: `[B, L] int32` decoder inputs: `inputs[:, 0]` is the start id 0,
+      `inputs[:, k]` is output token k; entries past `length` are stale.
+    length: `[B] int32` n, output tokens so far; `inputs[:, n]` is newest.
+    encoder_tokens: `[B, S] int32` the encoder input (0 = padding).
+    keys: `[B, G]` PRNG keys, one per proposed position (output tokens
+      n+1..n+G); a drafter needing more randomness derives it with
+      `jax.random.fold_in`.
+    target_features: `[B, D] float32` or None. For drafters with
+      `uses_target_features`: the target's final decoder hidden state (after
+      the final norm) at input n-1, the one that predicted token n, taken from
+      the previous target call; zeros before the first call.
+  """
+
+  inputs: jax.Array
+  length: jax.Array
+  encoder_tokens: jax.Array
+  keys: jax.Array
+  target_features: jax.Array | None = None
+
+
+@flax.struct.dataclass(kw_only=True)
+class Proposal:
+  """Draft tokens for one iteration.
+
+  Attributes:
+    tokens: `[B, G] int32`; entries at positions >= `num` are ignored.
+    q: `[B, G, V] float32` the distribution each token was drawn from, or
+      None when decoding is greedy (then q is one-hot on `tokens`).
+    num: `[B] int32` in [0, G], tokens proposed per row. The verifier tests
+      only the first `num` and draws the next token from the target at
+      position `num` when all of them are accepted.
+  """
+
+  tokens: jax.Array
+  q: jax.Array | None
+  num: jax.Array
+
+
+class Drafter(Protocol):
+  """Proposes draft tokens; a pytree (weights are leaves)."""
+
+  # True: the loop scores the target with features and fills
+  # `DraftContext.target_features` (Medusa / blockwise heads).
+  uses_target_features: bool
+
+  @property
+  def vocab_size(self) -> int: ...
+
+  @property
+  def vocabulary(self) -> Any: ...
+
+  def init_draft(self, encoder_tokens: jax.Array, length: int) -> DraftState:
+    """State for decoding `encoder_tokens [B, S]`, `length` inputs at most."""
+    ...
+
+  def propose(
+    self, state: DraftState, context: DraftContext, settings: Any
+  ) -> tuple[Proposal, DraftState]:
+    """Proposes `settings.gamma` tokens per row.
+
+    Args:
+      state: this drafter's state from the previous iteration (or
+        `init_draft`).
+      context: the row's inputs, length, keys (and target features).
+      settings: the loop's `DecodeSettings`: `gamma`, `sampler` (the same
+        logits -> distribution map the target uses; greedy when
+        `sampler.is_greedy`), `dynamic_gamma`.
+    """
+    ...
+
+
+def full_proposal(tokens: jax.Array, q: jax.Array | None) -> Proposal:
+  """A proposal of all G tokens in every row."""
+  num = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
+  return Proposal(tokens=tokens, q=q, num=num)
+
+
+def is_drafter(obj: Any) -> bool:
+  return hasattr(obj, 'propose') and hasattr(obj, 'init_draft')
