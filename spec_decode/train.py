@@ -8,6 +8,10 @@ config binds `train.train.<arg>` after `from spec_decode import train`).
     spec-decode train --gin_file=configs/train_demo_target.gin \
         --model_dir=runs/demo/target [--gin.train.train.train_steps=2000]
 
+A config that binds `train_heads.train_heads` instead (e.g.
+`configs/train_demo_heads.gin`) trains Medusa heads on a frozen target with
+the same flags; see `spec_decode.train_heads`.
+
 What a run does:
   * tokenizes the task's train split once with the sentencepiece vocabulary,
     then groups examples into length buckets; every bucket has a fixed
@@ -811,10 +815,15 @@ def main(argv: list[str] | None = None) -> int:
   if args.model_dir:
     bindings.append(f'MODEL_DIR = {args.model_dir!r}')
   parse_gin(args.gin_file, bindings)
-  # The module's own `train` (not `__main__.train` under `python -m`).
-  train_using_gin = gin.get_configurable(
-    importlib.import_module('spec_decode.train').train
-  )
+  # The module's own `train` (not `__main__.train` under `python -m`); a
+  # config binding `train_heads.train_heads` trains Medusa heads instead.
+  heads = importlib.import_module('spec_decode.train_heads')
+  if heads.gin_binds_heads():
+    train_using_gin = gin.get_configurable(heads.train_heads)
+  else:
+    train_using_gin = gin.get_configurable(
+      importlib.import_module('spec_decode.train').train
+    )
   model_dir = _macro('MODEL_DIR')
   if isinstance(model_dir, str):
     os.makedirs(model_dir, exist_ok=True)

@@ -1,0 +1,308 @@
+"""Tests of Medusa heads (`drafters.heads`), target features and training."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import encoder_batch
+from conftest import sharpened
+from conftest import tiny_config
+
+import gin
+import spec_decode as sd
+from spec_decode import sampling
+from spec_decode import tasks
+from spec_decode import tokenizer
+from spec_decode import train as train_lib
+from spec_decode import train_heads
+from spec_decode.drafters import base
+from spec_decode.drafters.heads import Heads
+from spec_decode.drafters.heads import HeadsState
+
+EXTRA_IDS = 100
+PIECES = 68
+
+
+@pytest.fixture(scope='module')
+def model():
+  return sharpened(sd.Model.init(tiny_config(), seed=0))
+
+
+@pytest.fixture(scope='module')
+def tied():
+  return sd.Model.init(tiny_config(logits_via_embedding=True), seed=3)
+
+
+def _decoder_inputs(batch, length, vocab_size, seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(1, vocab_size, (batch, length)).astype(np.int32)
+  tokens[:, 0] = 0  # The start id.
+  return tokens
+
+
+# -------------------------------------------------------- target features.
+
+
+@pytest.mark.parametrize('name', ['model', 'tied'])
+def test_score_with_features_logits_equal_score(name, request):
+  m = request.getfixturevalue(name)
+  enc = jnp.asarray(encoder_batch(3, 7, 16, seed=1))
+  state = m.init_state(enc, 12)
+  prefix = jnp.asarray(_decoder_inputs(3, 4, 16))
+  _, state = m.score(state, prefix)
+  new = jnp.asarray(_decoder_inputs(3, 3, 16, seed=2)[:, 1:])
+  logits, s1 = m.score(state, new)
+  logits_f, features, s2 = m.score_with_features(state, new)
+  np.testing.assert_array_equal(np.asarray(logits_f), np.asarray(logits))
+  assert features.shape == (3, 2, m.config.emb_dim)
+  assert features.dtype == jnp.float32
+  np.testing.assert_array_equal(
+    np.asarray(s2.cache.index), np.asarray(s1.cache.index)
+  )
+  for a, b in zip(s1.cache.keys, s2.cache.keys, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize('name', ['model', 'tied'])
+def test_teacher_forced_features_equal_decode_features(name, request):
+  m = request.getfixturevalue(name)
+  enc = jnp.asarray(encoder_batch(4, 6, 16, seed=4))
+  dec = _decoder_inputs(4, 6, 16, seed=5)
+  forced = np.asarray(m.features(enc, dec))
+  assert forced.shape == (4, 6, m.config.emb_dim)
+  state = m.init_state(enc, 8)
+  parts = []
+  for chunk in (dec[:, :1], dec[:, 1:4], dec[:, 4:]):
+    _, f, state = m.score_with_features(state, jnp.asarray(chunk))
+    parts.append(np.asarray(f))
+  np.testing.assert_allclose(
+    np.concatenate(parts, 1), forced, rtol=1e-5, atol=1e-5
+  )
+
+
+# ------------------------------------------------------------------ heads.
+
+
+@pytest.mark.parametrize('name', ['model', 'tied'])
+@pytest.mark.parametrize('share', [False, True])
+def test_untrained_heads_predict_like_the_base_head(name, share, request):
+  m = request.getfixturevalue(name)
+  enc = jnp.asarray(encoder_batch(4, 6, 16, seed=6))
+  dec = _decoder_inputs(4, 5, 16, seed=7)
+  features = m.features(enc, dec)
+  base_logits = np.asarray(m.logits(enc, dec))
+  heads = Heads.init(m, num_heads=3, depth=2, share_projection=share)
+  logits = np.asarray(heads.logits(features))
+  assert logits.shape == (4, 5, 3, 16)
+  for k in range(3):
+    np.testing.assert_allclose(logits[:, :, k], base_logits, atol=1e-5)
+  np.testing.assert_array_equal(
+    logits[:, :, 0].argmax(-1), base_logits.argmax(-1)
+  )
+
+
+def _context(features, gamma, seed=0):
+  batch = features.shape[0]
+  keys = jax.random.split(jax.random.key(seed), (batch, gamma))
+  return base.DraftContext(
+    inputs=jnp.zeros((batch, 8), jnp.int32),
+    length=jnp.zeros((batch,), jnp.int32),
+    encoder_tokens=jnp.ones((batch, 3), jnp.int32),
+    keys=keys,
+    target_features=features,
+  )
+
+
+def _random_heads(m, num_heads=3):
+  heads = Heads.init(m, num_heads=num_heads, init_scale=1.0, seed=1)
+  noise = jax.random.normal(jax.random.key(2), heads.biases.shape)
+  return heads.replace(biases=noise)
+
+
+def test_propose_greedy_and_sampled(model):
+  heads = _random_heads(model)
+  assert heads.uses_target_features
+  assert base.is_drafter(heads)
+  assert heads.vocab_size == 16
+  features = jax.random.normal(jax.random.key(0), (5, 32))
+  state = heads.init_draft(jnp.ones((5, 4), jnp.int32), 10)
+  assert isinstance(state, HeadsState) and state.calls.shape == (5,)
+  logits = np.asarray(heads.logits(features, 2))
+
+  greedy = sd.DecodeSettings(max_decode_len=8, gamma=2)
+  proposal, state = heads.propose(state, _context(features, 2), greedy)
+  assert proposal.q is None
+  np.testing.assert_array_equal(np.asarray(proposal.num), [2] * 5)
+  np.testing.assert_array_equal(np.asarray(proposal.tokens), logits.argmax(-1))
+  np.testing.assert_array_equal(np.asarray(state.calls), [1] * 5)
+
+  sampler = sampling.Sampler(temperature=1.0, top_k=5)
+  settings = sd.DecodeSettings(max_decode_len=8, gamma=2, sampler=sampler)
+  context = _context(features, 2, seed=3)
+  proposal, _ = heads.propose(state, context, settings)
+  q = np.asarray(proposal.q)
+  np.testing.assert_allclose(q, np.asarray(sampler.probs(logits)), atol=1e-6)
+  for k in range(2):
+    expected = jax.vmap(sampling.sample)(context.keys[:, k], q[:, k])
+    np.testing.assert_array_equal(
+      np.asarray(proposal.tokens[:, k]), np.asarray(expected)
+    )
+  picked = np.take_along_axis(q, np.asarray(proposal.tokens)[..., None], -1)
+  assert (picked > 0).all()
+
+
+def test_gamma_above_num_heads_raises(model):
+  heads = Heads.init(model, num_heads=2)
+  features = jnp.zeros((2, 32))
+  state = heads.init_draft(jnp.ones((2, 3), jnp.int32), 8)
+  settings = sd.DecodeSettings(max_decode_len=8, gamma=3)
+  with pytest.raises(ValueError, match='gamma=3 needs 3 heads'):
+    heads.propose(state, _context(features, 3), settings)
+  with pytest.raises(ValueError, match='target_features'):
+    heads.propose(
+      state,
+      _context(features, 2).replace(target_features=None),
+      sd.DecodeSettings(max_decode_len=8, gamma=2),
+    )
+
+
+@pytest.mark.parametrize('share', [False, True])
+def test_save_load_round_trip_is_bit_identical(model, tmp_path, share):
+  heads = Heads.init(
+    model, num_heads=3, depth=2, share_projection=share, init_scale=1.0
+  )
+  heads = heads.replace(
+    biases=jax.random.normal(jax.random.key(5), heads.biases.shape)
+  )
+  path = tmp_path / 'heads'
+  heads.save(str(path))
+  info = json.loads((path / 'heads.json').read_text())
+  assert info['num_heads'] == 3 and info['depth'] == 2
+  assert info['share_projection'] == share
+  again = Heads.load(str(path))
+  for name, arr in heads.arrays().items():
+    np.testing.assert_array_equal(np.asarray(again.arrays()[name]), arr)
+  assert again.vocabulary is None
+  with pytest.raises(FileExistsError):
+    heads.save(str(path))
+
+
+def test_jit_traces_heads_as_a_pytree(model):
+  heads = _random_heads(model)
+  features = jax.random.normal(jax.random.key(1), (2, 32))
+  out = jax.jit(lambda h, f: h.logits(f))(heads, features)
+  np.testing.assert_allclose(
+    np.asarray(out), np.asarray(heads.logits(features)), atol=1e-5
+  )
+
+
+# --------------------------------------------------------------- training.
+
+
+def test_head_labels_shift_by_head():
+  targets = jnp.asarray([[5, 6, 7, 1, 0]])
+  labels = np.asarray(train_heads.head_labels(targets, 2))
+  np.testing.assert_array_equal(labels[0, :, 0], [6, 7, 1, 0, 0])
+  np.testing.assert_array_equal(labels[0, :, 1], [7, 1, 0, 0, 0])
+
+
+def _synthetic_texts():
+  for source, target in tasks.synthetic_reader('ende')('train'):
+    yield tasks.TRANSLATE_EN_DE_PREFIX + source
+    yield target
+
+
+@pytest.fixture(scope='module')
+def target_dir(tmp_path_factory):
+  """A tiny target with a vocabulary, saved (train_heads loads a path)."""
+  vocab = sd.Vocabulary(
+    tokenizer.train_sentencepiece(
+      _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
+    ),
+    extra_ids=EXTRA_IDS,
+  )
+  m = sd.Model.init(tiny_config(vocab_size=PIECES + EXTRA_IDS), seed=2)
+  m = sharpened(m, scale=2.0, eos_scale=1.0)
+  m = sd.Model(m.config, m.params, vocab)
+  path = str(tmp_path_factory.mktemp('target') / 'target')
+  m.save(path)
+  return path
+
+
+_TINY = dict(
+  task='synthetic_tiny',
+  num_heads=3,
+  train_examples=48,
+  eval_examples=16,
+  max_decode_len=12,
+  generate_batch_size=16,
+  buckets=((64, 12, 8),),
+  learning_rate=1e-2,
+  warmup_steps=2,
+  eval_every=0,
+  checkpoint_every=5,
+  log_every=1,
+  progress=False,
+)
+
+
+def _log(model_dir):
+  with open(os.path.join(model_dir, train_lib.LOG_FILE)) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path, target_dir):
+  model_dir = str(tmp_path / 'run')
+  result = train_heads.train_heads(
+    model_dir, target_dir, train_steps=12, **_TINY
+  )
+  assert result.stopped == 'done' and result.step == 12
+  log = [r for r in _log(model_dir) if 'loss' in r]
+  first = np.mean([r['loss'] for r in log[:2]])
+  last = np.mean([r['loss'] for r in log[-2:]])
+  assert last < 0.8 * first, (first, last)
+  assert len(result.validation_accuracy) == 3
+  heads = Heads.load(result.heads_path)
+  assert heads.num_heads == 3
+  assert heads.vocabulary == sd.Model.load(target_dir).vocabulary
+  cache = os.path.join(model_dir, 'greedy_train.npz')
+  assert os.path.isfile(cache)
+  mtime = os.path.getmtime(cache)
+  # A rerun with more steps resumes (and reuses the decoded outputs).
+  again = train_heads.train_heads(
+    model_dir, target_dir, train_steps=14, **_TINY
+  )
+  assert again.step == 14
+  assert os.path.getmtime(cache) == mtime
+  steps = [r['step'] for r in _log(model_dir) if 'loss' in r]
+  assert steps[-2:] == [13, 14]
+
+
+def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
+  settings = dict(_TINY, train_examples=16, checkpoint_every=100)
+  settings.pop('progress')
+  lines = [
+    'from __gin__ import dynamic_registration',
+    'from spec_decode import train_heads',
+    'MODEL_DIR = %gin.REQUIRED',
+    'train_heads.train_heads:',
+    '  model_dir = %MODEL_DIR',
+    f'  target_path = {target_dir!r}',
+    '  train_steps = 2',
+    '  progress = False',
+  ] + [f'  {k} = {v!r}' for k, v in settings.items()]
+  gin_file = tmp_path / 'heads.gin'
+  gin_file.write_text('\n'.join(lines) + '\n')
+  model_dir = tmp_path / 'run'
+  try:
+    code = train_lib.main(
+      ['--gin_file', str(gin_file), '--model_dir', str(model_dir)]
+    )
+  finally:
+    gin.clear_config()
+  assert code == 0
+  assert (model_dir / 'heads' / 'heads.json').is_file()
+  assert not (model_dir / 'model').exists()
