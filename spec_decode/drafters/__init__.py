@@ -1,5 +1,7 @@
 """Drafters: anything implementing the language-model protocol as a draft."""
 
 from spec_decode.drafters.controlled import ControlledDraft
+from spec_decode.drafters.copy import Copy
+from spec_decode.drafters.ngram import NGram
 
-__all__ = ['ControlledDraft']
+__all__ = ['ControlledDraft', 'Copy', 'NGram']
