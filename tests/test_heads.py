@@ -306,3 +306,65 @@ def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
   assert code == 0
   assert (model_dir / 'heads' / 'heads.json').is_file()
   assert not (model_dir / 'model').exists()
+
+
+# ------------------------------------------------------ through the loop.
+
+
+@pytest.mark.parametrize('init_scale', [0.0, 1.0])
+def test_greedy_speculative_with_heads_equals_plain_greedy(model, init_scale):
+  enc = encoder_batch(8, 7, 16, seed=9)
+  heads = Heads.init(model, num_heads=4, init_scale=init_scale, seed=4)
+  plain = sd.generate(model, enc, max_decode_len=16)
+  for gamma in (1, 3):
+    spec = sd.generate(model, enc, draft=heads, gamma=gamma, max_decode_len=16)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    np.testing.assert_array_equal(spec.lengths, plain.lengths)
+    assert spec.stats.tokens_per_call >= 1.0
+  with pytest.raises(ValueError, match='gamma=5 needs 5 heads'):
+    sd.generate(model, enc, draft=heads, gamma=5, max_decode_len=16)
+
+
+def test_heads_that_know_the_answer_are_accepted(model):
+  """Heads whose head k returns the target's greedy token n + k.
+
+  Built from features of the target's own greedy outputs: with one row per
+  output position and a projection that maps that position's feature to
+  the right tokens, every proposal after the first iteration is accepted.
+  """
+  enc = encoder_batch(1, 7, 16, seed=11)
+  plain = sd.generate(model, enc, max_decode_len=12)
+  n = int(plain.lengths[0])
+  out = plain.tokens[0, :n]
+  dec = np.concatenate([[0], out[:-1]])[None]
+  feats = np.asarray(model.features(enc, dec))[0]  # [n, D]
+  # Head k: a lookup from the (distinct) features to token t + 1 + k.
+  k_heads, d = 2, feats.shape[1]
+  proj = np.zeros((k_heads, d, 16), np.float32)
+  for k in range(1, k_heads + 1):
+    labels = np.zeros((n, 16), np.float32)
+    for t in range(n):
+      labels[t, out[t + k] if t + k < n else out[-1]] = 1.0
+    # Least squares: feats @ W = 30 * labels (n <= D rows: exact).
+    proj[k - 1] = np.linalg.lstsq(feats, 30.0 * labels, rcond=None)[0]
+  heads = Heads.init(model, num_heads=k_heads).replace(
+    projection=jnp.asarray(proj)
+  )
+  spec = sd.generate(model, enc, draft=heads, gamma=2, max_decode_len=12)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  # Zero features before the first call: only that iteration may miss.
+  assert spec.stats.target_calls <= 1 + int(np.ceil((n - 1) / 3)), (
+    spec.stats.target_calls,
+    n,
+  )
+
+
+def test_sampled_speculative_with_heads_runs(model):
+  enc = encoder_batch(4, 7, 16, seed=12)
+  heads = _random_heads(model, num_heads=3)
+  out = sd.generate(
+    model, enc, draft=heads, gamma=3, temperature=1.0, max_decode_len=12
+  )
+  assert out.tokens.shape == (4, 12)
+  assert ((out.tokens >= 0) & (out.tokens < 16)).all()
+  assert 0.0 <= out.stats.alpha <= 1.0
