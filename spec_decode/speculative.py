@@ -29,7 +29,8 @@ class VerifyResult:
     next_token: `[B] int32`, the residual sample (accepted < G) or the bonus
       sample from `p[:, G]` (accepted == G).
     beta: `[B, G] float32`, acceptance probability sum_x min(p, q) per
-      drafted position (paper section 3.1).
+      drafted position (paper section 3.1); sum_x min(p / l, q) with
+      lenience l (appendix A.5).
   """
 
   accepted: jax.Array
@@ -213,12 +214,16 @@ class ExactVerifier:
       # One-hot p and q give a one-hot residual or bonus distribution.
       next_token = jnp.argmax(dist, axis=-1).astype(jnp.int32)
       return VerifyResult(
-        accepted=accepted, next_token=next_token, beta=beta(p[:, :g], q)
+        accepted=accepted,
+        next_token=next_token,
+        beta=beta(p[:, :g] / self.lenience, q),
       )
     rows = jnp.arange(p.shape[0])
     bonus = jax.vmap(sampling.sample)(bonus_keys[rows, accepted], dist)
     residual = jax.vmap(sampling.sample)(residual_keys[rows, accepted], dist)
     next_token = jnp.where(accepted == g, bonus, residual)
     return VerifyResult(
-      accepted=accepted, next_token=next_token, beta=beta(p[:, :g], q)
+      accepted=accepted,
+      next_token=next_token,
+      beta=beta(p[:, :g] / self.lenience, q),
     )
