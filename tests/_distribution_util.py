@@ -1,0 +1,97 @@
+"""Whole-sequence distribution testing: exact probabilities and a G-test.
+
+Method. A tiny target (vocabulary V = 6, EOS = 1) decodes sequences of at
+most M = 4 tokens for one input; every possible output (EOS ends a sequence,
+pad after it) is enumerated, 1 + 5 + 25 + 125 + 625 = 781 of them, and its
+exact probability under the target's sampling distribution is computed by
+teacher forcing. N = 24,000 speculative samples (rows of different seeds, in
+batches of 4,000 whose rows accept different numbers of tokens) are compared
+with it by a G-test: sequences with expected count >= 5 are their own bins,
+the rest are pooled into one; degrees of freedom = bins - 1. A test fails
+when the p-value is below 1e-3, its false-alarm rate. Any sample the target
+gives zero probability fails at once.
+"""
+
+import numpy as np
+from conftest import tiny_config
+from scipy import stats
+
+import spec_decode as sd
+from spec_decode.models import shift_right
+
+V, M, N, BATCH = 6, 4, 24_000, 4_000
+FALSE_ALARM = 1e-3
+ENC = np.array([[3, 4, 5, 2, 0]], np.int32)
+
+
+def target_model() -> sd.Model:
+  """The tiny target every distribution test samples."""
+  return sd.Model.init(tiny_config(vocab_size=V), seed=3)
+
+
+def all_sequences() -> np.ndarray:
+  """Every possible output `[781, M]` (pad after EOS)."""
+  seqs = []
+  non_eos = [t for t in range(V) if t != sd.EOS_ID]
+  for length in range(1, M + 1):
+    grids = np.meshgrid(*([non_eos] * (length - 1)), indexing='ij')
+    prefixes = (
+      np.stack([g.ravel() for g in grids], 1)
+      if grids
+      else np.zeros((1, 0), int)
+    )
+    for pre in prefixes:
+      seqs.append(list(pre) + [sd.EOS_ID] + [0] * (M - length))
+  grids = np.meshgrid(*([non_eos] * M), indexing='ij')
+  seqs.extend(np.stack([g.ravel() for g in grids], 1).tolist())
+  return np.asarray(seqs, np.int32)
+
+
+def exact_probs(model, enc, sampler) -> tuple[np.ndarray, np.ndarray]:
+  """All sequences and their exact probabilities under `sampler`."""
+  seqs = all_sequences()
+  logits = model.logits(np.repeat(enc, len(seqs), 0), shift_right(seqs))
+  probs = np.asarray(sampler.probs(logits), np.float64)
+  per_token = np.take_along_axis(probs, seqs[..., None], -1)[..., 0]
+  is_eos = seqs == sd.EOS_ID
+  length = np.where(is_eos.any(1), is_eos.argmax(1) + 1, M)
+  mask = np.arange(M)[None] < length[:, None]
+  p = np.prod(np.where(mask, per_token, 1.0), axis=1)
+  np.testing.assert_allclose(p.sum(), 1.0, atol=1e-4)
+  return seqs, p
+
+
+def g_test(samples: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> float:
+  """p-value of the G-test of `samples [N, M]` against P(seqs) = p."""
+  index = {tuple(s): i for i, s in enumerate(seqs)}
+  counts = np.zeros(len(seqs))
+  for s in map(tuple, samples):
+    assert s in index and p[index[s]] > 0, f'impossible sample {s}'
+    counts[index[s]] += 1
+  expected = len(samples) * p
+  big = expected >= 5
+  obs = np.append(counts[big], counts[~big].sum())
+  exp = np.append(expected[big], expected[~big].sum())
+  if exp[-1] == 0:
+    obs, exp = obs[:-1], exp[:-1]
+  exp = exp * obs.sum() / exp.sum()
+  nz = obs > 0
+  g = 2.0 * np.sum(obs[nz] * np.log(obs[nz] / exp[nz]))
+  return float(stats.chi2.sf(g, len(obs) - 1))
+
+
+def sample_sequences(target, draft, enc, **kwargs) -> tuple[np.ndarray, list]:
+  """N speculative samples `[N, M]` and the stats of each batch."""
+  out, hists = [], []
+  for start in range(0, N, BATCH):
+    res = sd.generate(
+      target,
+      np.repeat(enc, BATCH, 0),
+      draft=draft,
+      max_decode_len=M,
+      seed=np.arange(start, start + BATCH),
+      **kwargs,
+    )
+    out.append(res.tokens)
+    hists.append(res.stats)
+  return np.concatenate(out), hists
