@@ -175,6 +175,11 @@ def _progress_bar(directory: str) -> Callable:
   return lambda it: tqdm.tqdm(it, desc=f'loading {directory}', unit='tensor')
 
 
+def read_vocabulary(directory: str) -> vocab_lib.Vocabulary | None:
+  """The vocabulary saved in one of our checkpoint directories (or None)."""
+  return _read_ours(directory)[1]
+
+
 # -- our format ---------------------------------------------------------------
 def _read_ours(directory: str):
   file = os.path.join(directory, CONFIG_FILE)

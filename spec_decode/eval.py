@@ -10,7 +10,8 @@ lives in `eval_cli`; this module has no gin decorators). One run:
    each γ of the run. Each new input shape is decoded once untimed first
    (compilation), so walltimes exclude compile time;
 3. measures c (draft step time / target step time) and v (target time for
-   γ + 1 tokens / for 1 token) with `bench.step_times`;
+   γ + 1 tokens / for 1 token) with `costs.measure` (a drafter that is not
+   a language model is timed through `propose`);
 4. reports quality (BLEU or ROUGE) of both decodes, exactness (the fraction
    of examples whose speculative tokens equal the plain ones), alpha,
    the accepted-length histogram, per-position acceptance, calls, the
@@ -39,6 +40,7 @@ directory are refused unless `overwrite=True`.
 """
 
 import functools
+import hashlib
 import io
 import json
 import os
@@ -50,7 +52,7 @@ from typing import Any
 import numpy as np
 
 import spec_decode as sd
-from spec_decode import bench
+from spec_decode import costs as costs_lib
 from spec_decode import eval_report
 from spec_decode import gin_models
 from spec_decode import speculative
@@ -198,13 +200,27 @@ def describe(model: Any, name: str | None = None) -> str:
 
 
 def _fingerprint(model: Any) -> dict[str, Any]:
+  """Identifies a model or drafter: a T5 config, else a digest of leaves."""
   cfg = getattr(model, 'config', None)
   vocab = getattr(model, 'vocabulary', None)
-  return {
+  out = {
     'type': type(model).__name__,
     'config': cfg.to_dict() if hasattr(cfg, 'to_dict') else None,
     'vocabulary': getattr(vocab, 'digest', None),
   }
+  if out['config'] is None:
+    import jax  # pylint: disable=g-import-not-at-top
+
+    leaves, tree = jax.tree.flatten(model)
+    digest = hashlib.sha1(str(tree).encode())
+    for leaf in leaves:
+      if hasattr(leaf, 'dtype') and jax.dtypes.issubdtype(
+        leaf.dtype, jax.dtypes.prng_key
+      ):
+        leaf = jax.random.key_data(leaf)
+      digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    out['digest'] = digest.hexdigest()
+  return out
 
 
 def parse_gamma(gamma: Any) -> list[int] | str:
@@ -234,34 +250,41 @@ def _bucket(n: int, max_len: int) -> int:
 
 
 def measure_costs(
-  target: Any, draft: Any, ks: Sequence[int], batch: int, repeats: int
+  target: Any,
+  draft: Any,
+  ks: Sequence[int],
+  batch: int,
+  repeats: int,
+  sampling: dict[str, Any] | None = None,
+  gamma: int = 4,
 ) -> dict[str, Any]:
-  """c and v(k) from `bench.step_times` (medians after warm-up).
+  """c and v(k) (`costs.measure`); a drafter is timed proposing `gamma`.
 
   Returns:
     `{'c', 'v_of_k': {k: v(k)}, 'target_step_seconds',
     'draft_step_seconds'}`, v(1) = 1.
   """
-  ks = sorted(set(int(k) for k in ks) | {1})
-  t = bench.step_times(target, ks, repeats, batch=batch)
-  d = bench.step_times(draft, (1,), repeats, batch=batch)
-  return {
-    'c': d[1] / t[1],
-    'v_of_k': {k: t[k] / t[1] for k in ks},
-    'target_step_seconds': t[1],
-    'draft_step_seconds': d[1],
-  }
+  settings = sd.DecodeSettings(
+    max_decode_len=1, sampler=sd.Sampler(**(sampling or {})), gamma=gamma
+  )
+  return costs_lib.measure(target, draft, ks, batch, repeats, settings)
 
 
 class _Decoder:
   """Runs and times `sd.generate`, compiling each new shape untimed first."""
 
-  def __init__(self, target, draft, sampling, max_decode_len, verifier):
+  def __init__(
+    self, target, draft, sampling, max_decode_len, verifier, dynamic_gamma=0.0
+  ):
     self.target = target
     self.draft = draft
     self.kwargs = dict(sampling, max_decode_len=max_decode_len)
     self.verifier = verifier
+    self.dynamic_gamma = dynamic_gamma
     self._seen = set()
+
+  def kwargs_sampling(self) -> dict[str, Any]:
+    return {k: self.kwargs[k] for k in ('temperature', 'top_k', 'top_p')}
 
   def __call__(
     self,
@@ -272,7 +295,12 @@ class _Decoder:
   ):
     kw = dict(self.kwargs, seed=seeds)
     if gamma is not None:
-      kw.update(draft=self.draft, gamma=gamma, verifier=self.verifier)
+      kw.update(
+        draft=self.draft,
+        gamma=gamma,
+        verifier=self.verifier,
+        dynamic_gamma=self.dynamic_gamma or False,
+      )
     key = (enc.shape, gamma)
     if timed and key not in self._seen:
       sd.generate(self.target, enc, **kw)  # Warm-up: compile.
@@ -334,6 +362,11 @@ def _row_spec_record(
     'tested': tested,
     'beta_sum': beta_sum,
     'alpha': alpha,
+    'proposed': (
+      int(stats.row_proposed[r])
+      if getattr(stats, 'row_proposed', None) is not None
+      else gamma * iterations
+    ),
   }
 
 
@@ -443,6 +476,7 @@ def evaluate(
   max_input_len: int = 512,
   seed: int = 0,
   lenience: float = 1.0,
+  dynamic_gamma: float = 0.0,
   vocabulary: Any = None,
   data_dir: str | None = None,
   target_name: str | None = None,
@@ -476,6 +510,9 @@ def evaluate(
       speculatively alike.
     lenience: 1.0 is Algorithm 1; below 1 (appendix A.5) the output is no
       longer the target's distribution, and the run is labelled not exact.
+    dynamic_gamma: 0 (fixed gamma) or a draft-confidence threshold in
+      (0, 1): gamma is then the most tokens an iteration proposes (see
+      `generate`); exact either way.
     vocabulary: a `Vocabulary` or `.model` path, when the target has none.
     data_dir: the task's data directory (None: its default).
     target_name: label of the target in the report.
@@ -523,13 +560,21 @@ def evaluate(
     'max_input_len': int(max_input_len),
     'seed': int(seed),
     'lenience': float(lenience),
+    'dynamic_gamma': float(dynamic_gamma or 0.0),
     'target': _fingerprint(target),
     'draft': _fingerprint(draft),
     'vocabulary': vocab.digest,
   }
   settings = json.loads(json.dumps(settings))
   state = _prepare_dir(output_dir, settings, overwrite)
-  decode = _Decoder(target, draft, sampling, int(max_decode_len), verifier)
+  decode = _Decoder(
+    target,
+    draft,
+    sampling,
+    int(max_decode_len),
+    verifier,
+    float(dynamic_gamma or 0.0),
+  )
   batches = [
     list(range(s, min(s + batch_size, len(exs))))
     for s in range(0, len(exs), batch_size)
@@ -576,7 +621,13 @@ def evaluate(
   )
 
   costs = measure_costs(
-    target, draft, [g + 1 for g in gammas], batch_size, timing_repeats
+    target,
+    draft,
+    [g + 1 for g in gammas],
+    batch_size,
+    timing_repeats,
+    sampling,
+    gammas[0],
   )
   results = eval_report.results(
     records, gammas, task_obj.metric, batch_size, costs
@@ -592,6 +643,7 @@ def evaluate(
     max_input_len=int(max_input_len),
     seed=int(seed),
     lenience=float(lenience),
+    dynamic_gamma=float(dynamic_gamma or 0.0),
     exact_algorithm=exact_algorithm,
     target=describe(target, target_name),
     draft=describe(draft, draft_name),
@@ -740,7 +792,13 @@ def _calibrate(
       tested += row['tested']
   alpha = min(max(beta_sum / max(tested, 1), 0.0), 1.0)
   costs = measure_costs(
-    target, draft, range(1, max_gamma + 2), batch_size, repeats
+    target,
+    draft,
+    range(1, max_gamma + 2),
+    batch_size,
+    repeats,
+    decode.kwargs_sampling(),
+    calibration_gamma,
   )
   choice = theory.choose_gamma(
     alpha, costs['c'], costs['v_of_k'], max_gamma=max_gamma

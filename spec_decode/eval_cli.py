@@ -21,6 +21,10 @@ Flags:
   --overwrite          replace a run with other settings in DIR.
   --no_progress        no progress bar.
 
+A config that also includes `runs/compare.gin` (and binds DRAFTS) runs
+`spec_decode.eval_compare.compare`: one eval per drafter x temperature x
+lenience x dynamic-gamma threshold, and a comparison table.
+
 Run files (`gin/runs/eval.gin`) configure `spec_decode.eval.evaluate` and
 `spec_decode.eval.load_model` through gin's dynamic registration; this module
 parses the flags and calls the gin-configured `evaluate`
@@ -36,6 +40,7 @@ import sys
 
 import gin
 from spec_decode import eval as eval_lib
+from spec_decode import eval_compare
 from spec_decode import gin_models
 
 CONFIGS_DIR = os.path.join(eval_lib.REPO_DIR, 'configs')
@@ -156,14 +161,16 @@ def main(argv: list[str] | None = None) -> int:
       return 2
     raise
   output_dir = _output_dir(files)
-  evaluate = gin.get_configurable(eval_lib.evaluate)
+  run = gin.get_configurable(eval_lib.evaluate)
   kwargs = {'output_dir': output_dir}
+  if _binds_compare():
+    run = gin.get_configurable(eval_compare.compare)
   if args.overwrite:
     kwargs['overwrite'] = True
   if args.no_progress:
     kwargs['progress'] = False
   try:
-    evaluate(**kwargs)
+    run(**kwargs)
   except KeyboardInterrupt:
     print(
       f'\nspec-decode eval: interrupted; finished batches are saved in '
@@ -182,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     f'{eval_lib.SUMMARY_FILE}, {eval_lib.EXAMPLES_FILE}, plots).'
   )
   return 0
+
+
+def _binds_compare() -> bool:
+  """True when the config is a comparison (binds `compare`'s drafts)."""
+  try:
+    return bool(gin.get_bindings(eval_compare.compare))
+  except ValueError:
+    return False
 
 
 def _output_dir(files: list[str]) -> str:

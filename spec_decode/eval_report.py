@@ -92,6 +92,10 @@ def _gamma_results(records, gamma, batch_size, metric, costs, plain):
     'per_position_acceptance': (accepts / np.maximum(tries, 1)).tolist(),
     'target_calls': target_calls,
     'draft_calls': gamma * target_calls,
+    'mean_proposed': sum(
+      s.get('proposed', gamma * s['iterations']) for s in specs
+    )
+    / max(iterations, 1),
     'tokens_per_call': tokens_per_call,
     'expected_tokens_per_call': float(theory.expected_tokens(alpha, gamma)),
     'output_tokens': tokens,
