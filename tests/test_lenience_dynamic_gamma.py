@@ -6,15 +6,15 @@ rate; each has a negative control that must fail.
 
 import numpy as np
 import pytest
+from _distribution_util import ENC
+from _distribution_util import FALSE_ALARM
+from _distribution_util import exact_probs
+from _distribution_util import g_test
+from _distribution_util import sample_sequences
 from conftest import encoder_batch
 from conftest import perturbed
 from conftest import tiny_config
 from scipy import stats
-from test_distribution import ENC
-from test_distribution import FALSE_ALARM
-from test_distribution import _exact_probs
-from test_distribution import _sample
-from test_distribution import g_test
 
 import spec_decode as sd
 from spec_decode import speculative
@@ -195,8 +195,8 @@ def test_dynamic_gamma_samples_the_target_distribution():
   cfg = tiny_config(vocab_size=6)
   target = sd.Model.init(cfg, seed=3)
   draft = sd.Model.init(cfg.replace(num_decoder_layers=1), seed=4)
-  seqs, p = _exact_probs(target, ENC, sd.Sampler(1.0))
-  samples, run_stats = _sample(
+  seqs, p = exact_probs(target, ENC, sd.Sampler(1.0))
+  samples, run_stats = sample_sequences(
     target, draft, ENC, gamma=3, temperature=1.0, dynamic_gamma=0.4
   )
   proposed = run_stats[0].row_proposed / np.maximum(
