@@ -2,6 +2,7 @@
 
 from spec_decode.drafters.controlled import ControlledDraft
 from spec_decode.drafters.copy import Copy
+from spec_decode.drafters.hierarchical import Hierarchical
 from spec_decode.drafters.ngram import NGram
 
-__all__ = ['ControlledDraft', 'Copy', 'NGram']
+__all__ = ['ControlledDraft', 'Copy', 'Hierarchical', 'NGram']
