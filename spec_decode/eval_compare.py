@@ -7,9 +7,11 @@ subdirectory of `output_dir` (so each is resumable and has its full
 report), and writes
 
   comparison.json   one record per run (the fields of the table below)
-  comparison.md     the table: drafter, temperature, lenience, dynamic γ, γ,
-                    α, c, tokens per target call, draft tokens proposed per
-                    iteration, measured speedup, quality, exactness
+  comparison.md     the table, one row per run and γ: drafter, temperature,
+                    lenience, dynamic γ, γ, α, c, tokens per target call,
+                    draft tokens proposed per iteration, measured and
+                    predicted speedup, the oracle bound 1/(1-α) (section
+                    3.5), quality, exactness
 
 `spec-decode eval` calls it when a config binds `spec_eval_compare.compare`
 (configs/drafters_debian_ende.gin, lenience_debian_ende.gin,
@@ -34,29 +36,33 @@ def _slug(*parts: Any) -> str:
   return re.sub(r'[^A-Za-z0-9.]+', '-', text).strip('-').lower()
 
 
-def _row(name: str, result: dict[str, Any]) -> dict[str, Any]:
-  quality = result['quality']
-  metric, values = next(iter(quality.items()))
-  exact_algorithm = bool(result['exact_algorithm'])
-  return {
-    'drafter': name,
-    'temperature': result['temperature'],
-    'lenience': result['lenience'],
-    'dynamic_gamma': result.get('dynamic_gamma', 0.0),
-    'gamma': result['gamma'],
-    'alpha': result['alpha'],
-    'c': result['c'],
-    'tokens_per_call': result['tokens_per_call'],
-    'mean_proposed': result.get('mean_proposed', result['gamma']),
-    'speedup_measured': result['speedup_measured'],
-    'speedup_predicted': result['speedup_predicted'],
-    'oracle_bound': 1.0 / max(1.0 - result['alpha'], 1e-9),
-    'metric': metric,
-    'quality_plain': values['plain'],
-    'quality_speculative': values['speculative'],
-    'exact_algorithm': exact_algorithm,
-    'exact_match_fraction': result['exact_match_fraction'],
-  }
+def _rows(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+  """One row per γ of a run (a sweep gives several)."""
+  rows = []
+  for entry in result.get('sweep') or [result]:
+    metric, values = next(iter(entry['quality'].items()))
+    rows.append(
+      {
+        'drafter': name,
+        'temperature': result['temperature'],
+        'lenience': result['lenience'],
+        'dynamic_gamma': result.get('dynamic_gamma', 0.0),
+        'gamma': entry['gamma'],
+        'alpha': entry['alpha'],
+        'c': entry['c'],
+        'tokens_per_call': entry['tokens_per_call'],
+        'mean_proposed': entry.get('mean_proposed', entry['gamma']),
+        'speedup_measured': entry['speedup_measured'],
+        'speedup_predicted': entry['speedup_predicted'],
+        'oracle_bound': 1.0 / max(1.0 - entry['alpha'], 1e-9),
+        'metric': metric,
+        'quality_plain': values['plain'],
+        'quality_speculative': values['speculative'],
+        'exact_algorithm': bool(result['exact_algorithm']),
+        'exact_match_fraction': entry['exact_match_fraction'],
+      }
+    )
+  return rows
 
 
 def _exactness(row: dict[str, Any]) -> str:
@@ -71,8 +77,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
   """The Markdown comparison table."""
   lines = [
     '| drafter | t | l | dyn. γ | γ | α | c | tok/call | proposed/iter '
-    '| speedup | predicted | quality (plain → spec.) | exactness |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    '| speedup | predicted | 1/(1-α) | quality (plain → spec.) '
+    '| exactness |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     dyn = f'{r["dynamic_gamma"]:g}' if r['dynamic_gamma'] else '-'
@@ -81,6 +88,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
       f'| {r["gamma"]} | {r["alpha"]:.3f} | {r["c"]:.3f} '
       f'| {r["tokens_per_call"]:.2f} | {r["mean_proposed"]:.2f} '
       f'| {r["speedup_measured"]:.2f}x | {r["speedup_predicted"]:.2f}x '
+      f'| {r["oracle_bound"]:.2f} '
       f'| {r["metric"]} {r["quality_plain"]:.2f} → '
       f'{r["quality_speculative"]:.2f} | {_exactness(r)} |'
     )
@@ -111,8 +119,8 @@ def compare(
     temperatures: sampling temperatures (0 is greedy).
     leniences: l values (1 is exact).
     dynamic_gammas: 0 (fixed γ) or draft-confidence thresholds.
-    gammas: per-drafter γ (an int, a sweep list or 'auto'; a sweep
-      reports its first γ in the table); others use the run's γ.
+    gammas: per-drafter γ (an int, a sweep list or 'auto'; a sweep gives
+      a row per γ); others use the run's γ.
     title: heading of comparison.md.
     print_summary: print the table at the end.
     **run_kwargs: passed to `run` (e.g. `target`, `task` for the library
@@ -140,7 +148,7 @@ def compare(
             print_summary=False,
             **extra,
           )
-          rows.append(dict(_row(name, result), run_dir=sub))
+          rows.extend(dict(r, run_dir=sub) for r in _rows(name, result))
           _write(output_dir, title, rows)
   if print_summary:
     print(f'\n## {title}\n\n{table(rows)}\n')

@@ -57,8 +57,7 @@ def test_compare_runs_every_combination_and_labels_them(models, tmp_path):
   # Prompt lookup proposes nothing where nothing matches.
   copy_rows = [r for r in rows if r['drafter'] == 'copy']
   assert all(r['mean_proposed'] <= 3 for r in copy_rows)
-  bigram_rows = [r for r in rows if r['drafter'] == 'bigram']
-  assert bigram_rows[0]['c'] < 0.5  # A table lookup costs little.
+  assert all(r['c'] > 0 for r in rows)  # Measured, not assumed.
   with open(os.path.join(out, eval_compare.COMPARISON_JSON)) as f:
     assert json.load(f) == json.loads(json.dumps(rows))
   with open(os.path.join(out, eval_compare.COMPARISON_MD)) as f:
