@@ -16,10 +16,11 @@ What a run does:
     `<model_dir>/greedy_<split>.npz`, written every few batches, so an
     interrupted or resumed run continues where it stopped and never decodes
     an input twice;
-  * each step teacher-forces the target over a batch of those outputs to
-    get its final hidden states `h_t` (input t), and trains head k to
-    predict output token `t + 1 + k` from `h_t` by cross-entropy (padding
-    and everything after EOS masked), head k weighted by `head_decay^(k-1)`;
+  * the target is teacher-forced once over those outputs for its final
+    hidden states `h_t` (input t), kept in memory (recomputed on resume);
+    head k learns to predict output token `t + 1 + k` from `h_t` by
+    cross-entropy (padding and everything after EOS masked), weighted by
+    `head_decay^(k-1)`;
   * AdamW with warmup and cosine decay (`train.make_optimizer`), a tqdm
     bar, validation per-head top-1 accuracy every `eval_every` steps, log
     records in `<model_dir>/train_log.jsonl`, orbax checkpoints of
@@ -57,8 +58,18 @@ from spec_decode.drafters import heads as heads_lib
 HEADS_DIR = 'heads'
 GREEDY_FILE = 'greedy_{split}.npz'
 
-# (input_len, target_len, batch_size); target_len >= max_decode_len.
-DEFAULT_BUCKETS = ((32, 64, 32), (64, 64, 16), (96, 64, 8))
+# (input_len, target_len, batch_size); the largest target_len must be at
+# least max_decode_len. Train steps see only `[batch_size, target_len]`
+# (about 1k positions each); input_len matters for decoding and features.
+DEFAULT_BUCKETS = (
+  (32, 16, 64),
+  (32, 32, 32),
+  (32, 64, 16),
+  (64, 32, 32),
+  (64, 64, 16),
+  (96, 32, 32),
+  (96, 64, 16),
+)
 
 
 # ------------------------------------------------------------ greedy data.
@@ -261,23 +272,65 @@ def heads_loss(
   return loss, {'nll': nll, 'correct': correct, 'count': count}
 
 
-def _features(target: models.Model, inputs, targets) -> jax.Array:
-  return jax.lax.stop_gradient(
-    target.features(inputs, models.shift_right(targets))
-  )
+class FeatureData(train_lib.BucketedData):
+  """`BucketedData` plus the frozen target's hidden states per example.
+
+  The target is frozen, so its features over the greedy outputs are
+  computed once (`compute`, one teacher-forced pass) and kept in memory
+  (`num_tokens * D` float32); a train step then costs only the heads.
+  """
+
+  def compute(self, target: models.Model, progress: bool = False) -> None:
+    """Teacher-forces `target` over every example once."""
+    from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
+
+    self.features: list[np.ndarray | None] = [None] * len(self._examples)
+    jobs = [
+      (k, m[s : s + b.batch_size])
+      for k, (m, b) in enumerate(zip(self._members, self.buckets, strict=True))
+      for s in range(0, len(m), b.batch_size)
+    ]
+    for k, idx in tqdm.tqdm(
+      jobs, disable=not progress, desc='target features', unit='batch'
+    ):
+      batch = self.make_batch(k, idx)
+      feats = np.asarray(
+        target.features(batch.inputs, models.shift_right(batch.targets))
+      )
+      for row, i in enumerate(idx):
+        self.features[i] = feats[row, : len(self._examples[i][1])].copy()
+
+  def _with_features(self, bucket: int, indices) -> tuple[np.ndarray, ...]:
+    batch = self.make_batch(bucket, indices)
+    b = self.buckets[bucket]
+    dim = next(f for f in self.features if f is not None).shape[-1]
+    feats = np.zeros((b.batch_size, b.target_len, dim), np.float32)
+    for row, i in enumerate(indices):
+      feats[row, : len(self.features[i])] = self.features[i]
+    return feats, batch.targets
+
+  def feature_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(features [B, T, D], targets [B, T])` of training step `step`."""
+    epoch, i = divmod(step, self.batches_per_epoch)
+    return self._with_features(*self._epoch(epoch)[i])
+
+  def all_feature_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every example once (for validation)."""
+    return [
+      self._with_features(k, m[s : s + b.batch_size])
+      for k, (m, b) in enumerate(zip(self._members, self.buckets, strict=True))
+      for s in range(0, len(m), b.batch_size)
+    ]
 
 
 def _train_step(
   state: train_lib.TrainState,
   frozen,
-  target,
-  inputs,
+  features,
   targets,
   head_weights,
   optimizer,
 ):
-  features = _features(target, inputs, targets)
-
   def loss_fn(params):
     return heads_loss({**frozen, **params}, features, targets, head_weights)
 
@@ -290,8 +343,7 @@ def _train_step(
   return new_state, dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
 
 
-def _eval_step(params, frozen, target, inputs, targets, head_weights):
-  features = _features(target, inputs, targets)
+def _eval_step(params, frozen, features, targets, head_weights):
   _, aux = heads_loss({**frozen, **params}, features, targets, head_weights)
   return aux
 
@@ -424,8 +476,14 @@ def train_heads(
   except KeyboardInterrupt:
     print('\ntrain_heads: interrupted while decoding (cached so far)')
     raise
-  train_data = train_lib.BucketedData(train_pairs, buckets, seed)
-  eval_batches = train_lib.BucketedData(eval_pairs, buckets, seed).all_batches()
+  t0 = time.monotonic()
+  feature_model = target.unpacked()
+  train_data = FeatureData(train_pairs, buckets, seed)
+  train_data.compute(feature_model, progress)
+  eval_data = FeatureData(eval_pairs, buckets, seed)
+  eval_data.compute(feature_model, progress)
+  eval_batches = eval_data.all_feature_batches()
+  feature_seconds = time.monotonic() - t0
 
   init_heads = heads_lib.Heads.init(
     target, num_heads, depth, seed=seed, share_projection=share_projection
@@ -461,18 +519,15 @@ def train_heads(
   head_weights = jnp.asarray(
     [head_decay**k for k in range(num_heads)], jnp.float32
   )
-  feature_model = target.unpacked()
-  train_step = jax.jit(_train_step, static_argnums=(6,), donate_argnums=(0,))
+  train_step = jax.jit(_train_step, static_argnums=(5,), donate_argnums=(0,))
   eval_step = jax.jit(_eval_step)
 
   def validate(params):
     correct = np.zeros(num_heads)
     count = np.zeros(num_heads)
     nll = np.zeros(num_heads)
-    for b in eval_batches:
-      aux = eval_step(
-        params, frozen, feature_model, b.inputs, b.targets, head_weights
-      )
+    for features, targets in eval_batches:
+      aux = eval_step(params, frozen, features, targets, head_weights)
       c = np.asarray(aux['count'])
       correct += np.asarray(aux['correct'])
       nll += np.asarray(aux['nll']) * c
@@ -484,7 +539,8 @@ def train_heads(
   print(
     f'train_heads: {num_heads} heads of depth {depth} on {target_path} '
     f'({n_params:,} trained parameters); {train_data.num_examples} greedy '
-    f'train outputs ({gen_seconds:.0f} s to decode or load), '
+    f'train outputs ({gen_seconds:.0f} s to decode or load, '
+    f'{feature_seconds:.0f} s for their features), '
     f'{len(eval_pairs)} validation; '
     f'{"resuming at" if resumed else "starting at"} step {start} of '
     f'{train_steps}',
@@ -510,15 +566,9 @@ def train_heads(
   try:
     with train_lib._Interrupt():  # pylint: disable=protected-access
       while step < train_steps:
-        batch = train_data.batch(step)
+        features, targets = train_data.feature_batch(step)
         state, aux = train_step(
-          state,
-          frozen,
-          feature_model,
-          batch.inputs,
-          batch.targets,
-          head_weights,
-          optimizer,
+          state, frozen, features, targets, head_weights, optimizer
         )
         loss = float(aux['loss'])
         step += 1

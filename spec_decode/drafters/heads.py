@@ -226,7 +226,9 @@ class Heads:
       raise FileExistsError(f'{path} exists and is not empty')
     os.makedirs(path, exist_ok=True)
     ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.join(path, PARAMS_DIR), self.arrays())
+    # Host arrays: no device sharding is recorded (portable checkpoints).
+    arrays = {n: np.asarray(a) for n, a in self.arrays().items()}
+    ckptr.save(os.path.join(path, PARAMS_DIR), arrays)
     ckptr.wait_until_finished()
     info = {
       'num_heads': self.num_heads,
