@@ -19,8 +19,9 @@ What a run does:
   * the target is teacher-forced once over those outputs for its final
     hidden states `h_t` (input t), kept in memory (recomputed on resume);
     head k learns to predict output token `t + 1 + k` from `h_t` by
-    cross-entropy (padding and everything after EOS masked), weighted by
-    `head_decay^(k-1)`;
+    cross-entropy, optionally mixed with the KL to the target's own
+    distribution of that token (`distill_weight`; padding and everything
+    after EOS masked), weighted by `head_decay^(k-1)`;
   * AdamW with warmup and cosine decay (`train.make_optimizer`), a tqdm
     bar, validation per-head top-1 accuracy every `eval_every` steps, log
     records in `<model_dir>/train_log.jsonl`, orbax checkpoints of
@@ -247,14 +248,25 @@ def heads_loss(
   features: jax.Array,
   targets: jax.Array,
   head_weights: jax.Array,
+  base_projection: jax.Array | None = None,
+  distill_weight: float = 0.0,
 ):
-  """Weighted per-head cross-entropy of heads on target features.
+  """Weighted per-head loss of heads on target features.
+
+  Head k's loss is `(1 - w) * CE(label) + w * KL(p || q_k)`, where the
+  label is the greedy output token `t + 1 + k` and `p` the target's own
+  distribution of that token (its base head at input `t + k`): the soft
+  targets make the heads' distributions useful for sampling too (Medusa's
+  self-distillation).
 
   Args:
     arrays: `Heads` arrays (`weights`, `biases`, `projection`).
     features: `[B, T, D]` the target's hidden states at inputs 0..T-1.
     targets: `[B, T]` output tokens (0-padded).
     head_weights: `[K]` loss weight per head.
+    base_projection: `[D, V]` the target's output projection (needed when
+      `distill_weight > 0`).
+    distill_weight: `w` above.
 
   Returns:
     The loss and `{'nll': [K], 'correct': [K], 'count': [K]}` (per-head
@@ -266,9 +278,21 @@ def heads_loss(
   weights = (labels != PAD_ID).astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   count = weights.sum((0, 1))
-  nll = (ce * weights).sum((0, 1)) / jnp.maximum(count, 1.0)
+  denom = jnp.maximum(count, 1.0)
+  nll = (ce * weights).sum((0, 1)) / denom
   correct = ((jnp.argmax(logits, -1) == labels) * weights).sum((0, 1))
-  loss = jnp.sum(head_weights * nll)
+  per_head = nll
+  if distill_weight:
+    teacher = jnp.einsum('btd,dv->btv', features, base_projection)
+    t, k = features.shape[1], heads.num_heads
+    teacher = jnp.pad(teacher, ((0, 0), (0, k), (0, 0)))
+    teacher = jnp.stack(
+      [teacher[:, i : i + t] for i in range(1, k + 1)], axis=2
+    )  # [B, T, K, V]: the target's distribution of token t + 1 + k.
+    kl = train_lib.kl_to_teacher(logits, jax.lax.stop_gradient(teacher))
+    kl = (kl * weights).sum((0, 1)) / denom
+    per_head = (1.0 - distill_weight) * nll + distill_weight * kl
+  loss = jnp.sum(head_weights * per_head)
   return loss, {'nll': nll, 'correct': correct, 'count': count}
 
 
@@ -329,10 +353,19 @@ def _train_step(
   features,
   targets,
   head_weights,
+  base_projection,
   optimizer,
+  distill_weight: float,
 ):
   def loss_fn(params):
-    return heads_loss({**frozen, **params}, features, targets, head_weights)
+    return heads_loss(
+      {**frozen, **params},
+      features,
+      targets,
+      head_weights,
+      base_projection,
+      distill_weight,
+    )
 
   (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -394,6 +427,7 @@ def train_heads(
   weight_decay: float = 0.0,
   clip_norm: float = 1.0,
   head_decay: float = 0.8,
+  distill_weight: float = 0.0,
   eval_every: int = 100,
   checkpoint_every: int = 100,
   keep_checkpoints: int = 2,
@@ -429,6 +463,9 @@ def train_heads(
     weight_decay: AdamW decoupled weight decay.
     clip_norm: global gradient-norm clip.
     head_decay: head k's loss weight is `head_decay^(k-1)` (Medusa: 0.8).
+    distill_weight: weight of the KL to the target's own distribution of
+      each head's token, against the greedy label's cross-entropy (see
+      `heads_loss`); > 0 helps sampled decoding.
     eval_every: steps between validation runs (0: only at the end).
     checkpoint_every: steps between checkpoints.
     keep_checkpoints: checkpoints kept on disk.
@@ -519,7 +556,8 @@ def train_heads(
   head_weights = jnp.asarray(
     [head_decay**k for k in range(num_heads)], jnp.float32
   )
-  train_step = jax.jit(_train_step, static_argnums=(5,), donate_argnums=(0,))
+  train_step = jax.jit(_train_step, static_argnums=(6, 7), donate_argnums=(0,))
+  base_projection = heads_lib.target_projection(target)
   eval_step = jax.jit(_eval_step)
 
   def validate(params):
@@ -568,7 +606,14 @@ def train_heads(
       while step < train_steps:
         features, targets = train_data.feature_batch(step)
         state, aux = train_step(
-          state, frozen, features, targets, head_weights, optimizer
+          state,
+          frozen,
+          features,
+          targets,
+          head_weights,
+          base_projection,
+          optimizer,
+          distill_weight,
         )
         loss = float(aux['loss'])
         step += 1

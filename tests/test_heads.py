@@ -21,6 +21,7 @@ from spec_decode import train_heads
 from spec_decode.drafters import base
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.heads import HeadsState
+from spec_decode.drafters.heads import target_projection
 
 EXTRA_IDS = 100
 PIECES = 68
@@ -209,6 +210,33 @@ def test_head_labels_shift_by_head():
   np.testing.assert_array_equal(labels[0, :, 1], [7, 1, 0, 0, 0])
 
 
+def test_distillation_term_is_the_kl_to_the_target_k_steps_ahead(model):
+  enc = jnp.asarray(encoder_batch(2, 6, 16, seed=13))
+  dec = _decoder_inputs(2, 6, 16, seed=14)
+  targets = np.concatenate([dec[:, 1:], [[1], [0]]], axis=1)  # Row 2 padded.
+  targets[1, 4:] = 0
+  features = model.features(enc, dec)
+  heads = _random_heads(model, num_heads=2)
+  base_logits = np.asarray(model.logits(enc, dec), np.float64)
+  logits = np.asarray(heads.logits(features), np.float64)
+  arrays = heads.arrays()
+  base_projection = target_projection(model)
+  for k in range(2):
+    weights = jnp.asarray(np.eye(2)[k], jnp.float32)
+    loss, _ = train_heads.heads_loss(
+      arrays, features, jnp.asarray(targets), weights, base_projection, 1.0
+    )
+    kls = []
+    for b in range(2):
+      for t in range(6):
+        if t + k + 1 >= 6 or targets[b, t + k + 1] == 0:
+          continue
+        p = jax.nn.log_softmax(base_logits[b, t + k + 1])
+        q = jax.nn.log_softmax(logits[b, t, k])
+        kls.append(float(np.sum(np.exp(p) * (p - q))))
+    np.testing.assert_allclose(float(loss), np.mean(kls), rtol=1e-4)
+
+
 def _synthetic_texts():
   for source, target in tasks.synthetic_reader('ende')('train'):
     yield tasks.TRANSLATE_EN_DE_PREFIX + source
@@ -282,7 +310,9 @@ def test_training_lowers_the_loss_and_resumes(tmp_path, target_dir):
 
 
 def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
-  settings = dict(_TINY, train_examples=16, checkpoint_every=100)
+  settings = dict(
+    _TINY, train_examples=16, checkpoint_every=100, distill_weight=0.5
+  )
   settings.pop('progress')
   lines = [
     'from __gin__ import dynamic_registration',
