@@ -93,7 +93,7 @@ class NGram:
     sequences: Iterable[Sequence[int]],
     n: int = 2,
     vocab_size: int | None = None,
-    discount: float = 0.5,
+    discount: float = 0.75,
     add_k: float = 0.1,
     top_k: int = 16,
     load: float = 0.5,
