@@ -8,6 +8,13 @@ proposed per iteration (Copy proposes fewer when it finds no match).
 
   JAX_PLATFORMS=cpu python -m spec_decode.drafters.debian_report \
       --task debian_ende --num_examples 50 --gamma 4
+
+Measured on the demo target (Debian EnDe test, 50 examples, gamma 4),
+alpha at t = 0 / t = 1: unigram 0.03 / 0.31, bigram 0.35 / 0.52, trigram
+0.37 / 0.44, Copy (max_ngram 3) 0.86 / 0.09 with 1.66 / 0.70 tokens
+proposed per iteration. Copy's greedy acceptance comes from the small
+target's repetition loops (searching the output alone gives 0.91), not
+from copying the English input.
 """
 
 import argparse
