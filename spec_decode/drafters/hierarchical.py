@@ -1,15 +1,15 @@
 """Hierarchical drafting: a draft model sped up by a draft of its own.
 
-The paper's "accelerate the draft with an even smaller draft" (section 6):
-`Hierarchical(draft_model, sub_draft, gamma=k)` is a drafter whose G tokens
-per outer iteration are `draft_model`'s own samples, produced by running
-Algorithm 1 one level down. Each inner iteration lets `sub_draft` propose k
-tokens, scores them with `draft_model` in ONE call of k + 1 inputs, verifies
-them with `speculative.ExactVerifier` (exact: no lenience inside), and
-appends the accepted tokens and the next one, until every row has at least
-G tokens (a `lax.while_loop` of at most G iterations, fixed shapes). The
-proposal's `q` is `draft_model`'s distribution (after the loop's sampler) at
-every proposed position, so the outer verification stays exact, and the
+The paper's proposed extension "accelerate the draft with an even smaller
+draft": `Hierarchical(draft_model, sub_draft, gamma=k)` is a drafter whose G
+tokens per outer iteration are `draft_model`'s own samples, produced by
+running Algorithm 1 one level down. Each inner iteration lets `sub_draft`
+propose k tokens, scores them with `draft_model` in ONE call of k + 1 inputs,
+verifies them with `speculative.ExactVerifier` (exact: no lenience inside),
+and appends the accepted tokens and the next one, until every row has at
+least G tokens (a `lax.while_loop` of at most G iterations, fixed shapes).
+The proposal's `q` is `draft_model`'s distribution (after the loop's sampler)
+at every proposed position, so the outer verification stays exact, and the
 tokens are distributed exactly as `draft_model`'s autoregressive samples:
 exact at both levels.
 
