@@ -176,8 +176,49 @@ def _progress_bar(directory: str) -> Callable:
 
 
 def read_vocabulary(directory: str) -> vocab_lib.Vocabulary | None:
-  """The vocabulary saved in one of our checkpoint directories (or None)."""
-  return _read_ours(directory)[1]
+  """The vocabulary saved in one of our directories (or None).
+
+  `spiece.model` plus `vocabulary.json` (extra ids), as `Model.save` and
+  `drafters.Heads.save` write them.
+  """
+  vocab_file = os.path.join(directory, VOCAB_FILE)
+  if not os.path.isfile(vocab_file):
+    return None
+  extra = vocab_lib.DEFAULT_EXTRA_IDS
+  info = os.path.join(directory, VOCAB_INFO_FILE)
+  if os.path.isfile(info):
+    with open(info) as f:
+      extra = int(json.load(f)['extra_ids'])
+  return vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
+
+
+def write_vocabulary(directory: str, vocab: vocab_lib.Vocabulary) -> None:
+  """Writes what `read_vocabulary` reads."""
+  with open(os.path.join(directory, VOCAB_FILE), 'wb') as f:
+    f.write(vocab.serialized)
+  with open(os.path.join(directory, VOCAB_INFO_FILE), 'w') as f:
+    json.dump({'extra_ids': vocab.extra_ids}, f)
+
+
+def save_arrays(path: str, tree: Any) -> str:
+  """Creates the new directory `path` and writes `tree` to `path/params`.
+
+  Returns:
+    The absolute path.
+
+  Raises:
+    FileExistsError: `path` exists and is not empty.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  path = os.path.abspath(os.fspath(path))
+  if os.path.isdir(path) and os.listdir(path):
+    raise FileExistsError(f'{path} exists and is not empty')
+  os.makedirs(path, exist_ok=True)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.join(path, PARAMS_DIR), tree)
+  ckptr.wait_until_finished()
+  return path
 
 
 # -- our format ---------------------------------------------------------------
@@ -188,16 +229,7 @@ def _read_ours(directory: str):
       config = T5Config.from_json(f.read())
   except (ValueError, TypeError) as e:
     raise CheckpointError(f'{file}: not a T5Config ({e})') from e
-  vocab = None
-  vocab_file = os.path.join(directory, VOCAB_FILE)
-  if os.path.isfile(vocab_file):
-    extra = vocab_lib.DEFAULT_EXTRA_IDS
-    info = os.path.join(directory, VOCAB_INFO_FILE)
-    if os.path.isfile(info):
-      with open(info) as f:
-        extra = int(json.load(f)['extra_ids'])
-    vocab = vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
-  return config, vocab
+  return config, read_vocabulary(directory)
 
 
 def _restore_orbax(
@@ -270,19 +302,8 @@ def save(model, path: str) -> None:
   Raises:
     FileExistsError: `path` exists and is not empty.
   """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-
-  path = os.path.abspath(os.fspath(path))
-  if os.path.isdir(path) and os.listdir(path):
-    raise FileExistsError(f'{path} exists and is not empty')
-  os.makedirs(path, exist_ok=True)
-  ckptr = ocp.StandardCheckpointer()
-  ckptr.save(os.path.join(path, PARAMS_DIR), model.params)
-  ckptr.wait_until_finished()
+  path = save_arrays(path, model.params)
   with open(os.path.join(path, CONFIG_FILE), 'w') as f:
     f.write(model.config.to_json())
   if model.vocabulary is not None:
-    with open(os.path.join(path, VOCAB_FILE), 'wb') as f:
-      f.write(model.vocabulary.serialized)
-    with open(os.path.join(path, VOCAB_INFO_FILE), 'w') as f:
-      json.dump({'extra_ids': model.vocabulary.extra_ids}, f)
+    write_vocabulary(path, model.vocabulary)

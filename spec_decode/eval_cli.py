@@ -61,7 +61,8 @@ def resolve_gin_file(name: str) -> str:
     for root in ('', CONFIGS_DIR, gin_models.GIN_DIR, eval_lib.REPO_DIR):
       path = os.path.join(root, n) if root else n
       if os.path.isfile(path):
-        return path
+        # Absolute: gin would otherwise log a miss per search prefix.
+        return os.path.abspath(path)
   raise FileNotFoundError(
     f'gin file not found: {name} (also looked in {CONFIGS_DIR} and '
     f'{gin_models.GIN_DIR})'

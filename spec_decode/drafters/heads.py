@@ -32,14 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import checkpoints
 from spec_decode import sampling
-from spec_decode import vocab as vocab_lib
 from spec_decode.drafters import base
 
-PARAMS_DIR = 'params'
 INFO_FILE = 'heads.json'
-VOCAB_FILE = 'spiece.model'
-VOCAB_INFO_FILE = 'vocabulary.json'
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -219,17 +216,9 @@ class Heads:
     Raises:
       FileExistsError: `path` exists and is not empty.
     """
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-
-    path = os.path.abspath(os.fspath(path))
-    if os.path.isdir(path) and os.listdir(path):
-      raise FileExistsError(f'{path} exists and is not empty')
-    os.makedirs(path, exist_ok=True)
-    ckptr = ocp.StandardCheckpointer()
     # Host arrays: no device sharding is recorded (portable checkpoints).
     arrays = {n: np.asarray(a) for n, a in self.arrays().items()}
-    ckptr.save(os.path.join(path, PARAMS_DIR), arrays)
-    ckptr.wait_until_finished()
+    path = checkpoints.save_arrays(path, arrays)
     info = {
       'num_heads': self.num_heads,
       'depth': self.depth,
@@ -240,10 +229,7 @@ class Heads:
     with open(os.path.join(path, INFO_FILE), 'w') as f:
       json.dump(info, f, indent=2, sort_keys=True)
     if self.vocabulary is not None:
-      with open(os.path.join(path, VOCAB_FILE), 'wb') as f:
-        f.write(self.vocabulary.serialized)
-      with open(os.path.join(path, VOCAB_INFO_FILE), 'w') as f:
-        json.dump({'extra_ids': self.vocabulary.extra_ids}, f)
+      checkpoints.write_vocabulary(path, self.vocabulary)
 
   @classmethod
   def load(cls, path: str) -> 'Heads':
@@ -266,17 +252,9 @@ class Heads:
       'projection': jax.ShapeDtypeStruct((p, d, v), jnp.float32),
     }
     arrays = ocp.StandardCheckpointer().restore(
-      os.path.join(path, PARAMS_DIR), abstract
+      os.path.join(path, checkpoints.PARAMS_DIR), abstract
     )
-    vocabulary = None
-    vocab_file = os.path.join(path, VOCAB_FILE)
-    if os.path.isfile(vocab_file):
-      extra = vocab_lib.DEFAULT_EXTRA_IDS
-      vocab_info = os.path.join(path, VOCAB_INFO_FILE)
-      if os.path.isfile(vocab_info):
-        with open(vocab_info) as f:
-          extra = int(json.load(f)['extra_ids'])
-      vocabulary = vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
+    vocabulary = checkpoints.read_vocabulary(path)
     arrays = {n: jnp.asarray(a) for n, a in arrays.items()}
     return cls(vocabulary=vocabulary, **arrays)
 
