@@ -219,9 +219,17 @@ class ExactVerifier:
         beta=beta(p[:, :g] / self.lenience, q),
       )
     rows = jnp.arange(p.shape[0])
-    bonus = jax.vmap(sampling.sample)(bonus_keys[rows, accepted], dist)
-    residual = jax.vmap(sampling.sample)(residual_keys[rows, accepted], dist)
-    next_token = jnp.where(accepted == g, bonus, residual)
+    # One draw from `dist`, with the bonus key when everything was accepted.
+    use_bonus = (accepted == g)[:, None]
+    key_data = jnp.where(
+      use_bonus,
+      jax.random.key_data(bonus_keys[rows, accepted]),
+      jax.random.key_data(residual_keys[rows, accepted]),
+    )
+    keys = jax.random.wrap_key_data(
+      key_data, impl=jax.random.key_impl(bonus_keys)
+    )
+    next_token = jax.vmap(sampling.sample)(keys, dist)
     return VerifyResult(
       accepted=accepted,
       next_token=next_token,
