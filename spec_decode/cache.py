@@ -18,9 +18,11 @@ class KVCache:
   """Self-attention keys and values of every decoder layer.
 
   Attributes:
-    keys: per layer, `[B, L, H, Dh]`; slot `t` of row `b` holds the key of
-      decoder input position `t`, valid for `t < index[b]`.
-    values: per layer, `[B, L, H, Dh]`, like `keys`.
+    keys: per layer, `[B, H, Dh, L]` (T5X's layout: the one XLA:CPU's
+      attention dots read without transposing the cache); slot `t` (last
+      axis) of row `b` holds the key of decoder input position `t`, valid
+      for `t < index[b]`.
+    values: per layer, `[B, H, Dh, L]`, like `keys`.
     index: `[B] int32`, number of valid slots per row (the next write slot).
   """
 
@@ -38,7 +40,7 @@ class KVCache:
     head_dim: int,
     dtype,
   ) -> 'KVCache':
-    shape = (batch, length, num_heads, head_dim)
+    shape = (batch, num_heads, head_dim, length)
     return cls(
       keys=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
       values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
@@ -47,7 +49,7 @@ class KVCache:
 
   @property
   def length(self) -> int:
-    return self.keys[0].shape[1]
+    return self.keys[0].shape[-1]
 
   def rollback(self, index: jax.Array) -> 'KVCache':
     """Keeps the first `index[b]` slots of row `b` valid; `index`: `[B]`."""
@@ -55,14 +57,15 @@ class KVCache:
 
 
 def write(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-  """Overwrites `new [B, T, ...]` into `buffer [B, L, ...]` at row offsets.
+  """Overwrites `new [B, ..., T]` into `buffer [B, ..., L]` at row offsets.
 
-  The caller guarantees `index[b] + T <= L` (dynamic_update_slice would
-  otherwise clamp the offset and shift the write).
+  Writes along the last axis (the cache's length axis). The caller
+  guarantees `index[b] + T <= L` (dynamic_update_slice would otherwise clamp
+  the offset and shift the write).
   """
   return jax.vmap(
     lambda b, n, i: lax.dynamic_update_slice_in_dim(
-      b, n.astype(b.dtype), i, axis=0
+      b, n.astype(b.dtype), i, axis=b.ndim - 1
     )
   )(buffer, new, index)
 

@@ -34,9 +34,9 @@ class T5DecodeState:
   """Decoding state of one batch.
 
   Attributes:
-    cross: encoder keys/values per decoder layer, `[B, S, H, Dh]`, and the
+    cross: encoder keys/values per decoder layer, `[B, H, Dh, S]`, and the
       encoder padding mask `[B, S]`.
-    cache: self-attention keys/values per layer `[B, L, H, Dh]` and the
+    cache: self-attention keys/values per layer `[B, H, Dh, L]` and the
       per-row index `[B] int32`.
   """
 

@@ -209,18 +209,24 @@ class Attention(nn.Module):
     return x.reshape(x.shape[:-1] + (cfg.num_heads, cfg.head_dim))
 
   def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`[B, S, D]` -> keys and values `[B, S, H, Dh]`."""
-    return self._heads(self.key(x)), self._heads(self.value(x))
+    """`[B, S, D]` -> keys and values `[B, H, Dh, S]` (T5X's cache layout).
+
+    Heads-major with the length minor is the layout XLA:CPU's batched dot
+    takes for both attention products; stored as `[B, S, H, Dh]`, every
+    call would transpose the whole cache (twice per layer).
+    """
+    to_cache = lambda y: jnp.transpose(self._heads(y), (0, 2, 3, 1))
+    return to_cache(self.key(x)), to_cache(self.value(x))
 
   def __call__(
     self, x: jax.Array, keys: jax.Array, values: jax.Array, bias: jax.Array
   ) -> jax.Array:
-    """Attends `x [B, T, D]` to `keys/values [B, L, H, Dh]`.
+    """Attends `x [B, T, D]` to `keys/values [B, H, Dh, L]`.
 
     Args:
       x: queries' inputs `[B, T, D]`.
-      keys: `[B, L, H, Dh]`.
-      values: `[B, L, H, Dh]`.
+      keys: `[B, H, Dh, L]`.
+      values: `[B, H, Dh, L]`.
       bias: additive, broadcastable to `[B, H, T, L]`; carries the mask.
 
     Returns:
@@ -231,10 +237,10 @@ class Attention(nn.Module):
     k = keys
     if cfg.float32_attention_logits:
       q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+    logits = jnp.einsum('bqhd,bhdk->bhqk', q, k)
     logits = logits + bias.astype(logits.dtype)
     weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(cfg.dtype)
-    out = jnp.einsum('bhqk,bkhd->bqhd', weights, values.astype(cfg.dtype))
+    out = jnp.einsum('bhqk,bhdk->bqhd', weights, values.astype(cfg.dtype))
     return self.out(out.reshape(out.shape[:2] + (-1,)))
 
 
@@ -376,8 +382,8 @@ class CrossAttentionKV:
   """Encoder-side keys and values, computed once per input.
 
   Attributes:
-    keys: per decoder layer, `[B, S, H, Dh]`.
-    values: per decoder layer, `[B, S, H, Dh]`.
+    keys: per decoder layer, `[B, H, Dh, S]`.
+    values: per decoder layer, `[B, H, Dh, S]`.
     encoder_valid: `[B, S] bool`, False on encoder padding.
   """
 

@@ -20,7 +20,7 @@ How the pieces use it:
     is read (`param_shardings_flat`).
   * `sd.generate` sees the partitioner on its models, places the encoder
     tokens and row keys with the batch on `data`, and runs the usual jitted
-    loop; the models constrain their decode state (KV caches `[B, L, H, Dh]`:
+    loop; the models constrain their decode state (KV caches `[B, H, Dh, L]`:
     batch on `data`, heads on `model`), so the whole speculative loop is one
     sharded XLA program.
   * A small draft can be replicated on the same mesh: `p.replicated()` is a
@@ -58,7 +58,7 @@ LogicalAxisRules = Sequence[tuple[str, str | None]]
 # Logical axes of arrays that are not parameters.
 TOKENS_AXES = ('batch', 'length')  # encoder tokens [B, S], masks [B, S]
 ROW_AXES = ('batch',)  # row keys, cache index, lengths [B]
-KV_AXES = ('batch', 'length', 'heads', 'kv')  # caches [B, L, H, Dh]
+KV_AXES = ('batch', 'heads', 'kv', 'length')  # caches [B, H, Dh, L]
 LOGITS_AXES = ('batch', 'length', 'vocab')  # logits [B, T, V]
 
 _STATE_AXES_BY_RANK = {1: ROW_AXES, 2: TOKENS_AXES, 4: KV_AXES}
@@ -303,7 +303,7 @@ class Partitioner:
   def constrain_state(self, state: Any) -> Any:
     """Constrains a decode-state pytree: every leaf has a leading batch axis.
 
-    Rank 4 leaves are keys/values `[B, L, H, Dh]` (batch on `data`, heads on
+    Rank 4 leaves are keys/values `[B, H, Dh, L]` (batch on `data`, heads on
     `model`), rank 2 `[B, S]` masks and rank 1 `[B]` indices (batch on
     `data`); other ranks are sharded on the batch only.
     """

@@ -174,8 +174,8 @@ def test_decode_state_is_sharded_on_batch_and_heads():
   target = sd.Model.init(_config(), seed=0, partitioner=p)
   enc = p.shard_batch(_inputs())
   state = jax.jit(lambda m, e: m.init_state(e, 12))(target, enc)
-  assert _spec(state.cache.keys[0]) == ('data', None, 'model', None)
-  assert _spec(state.cross.values[1]) == ('data', None, 'model', None)
+  assert _spec(state.cache.keys[0]) == ('data', 'model', None, None)
+  assert _spec(state.cross.values[1]) == ('data', 'model', None, None)
   assert _spec(state.cross.encoder_valid) == ('data', None)
   assert _spec(state.cache.index) == ('data',)
 
