@@ -10,6 +10,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +41,7 @@ class Sampler:
     """`logits [..., V]` -> float32 probabilities `[..., V]` summing to 1."""
     logits = logits.astype(jnp.float32)
     if self.is_greedy:
-      return jax.nn.one_hot(
-        jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32
-      )
+      return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
     scaled = logits / self.temperature
     if self.top_k == 0 and self.top_p >= 1.0:
       return jax.nn.softmax(scaled, axis=-1)
@@ -55,7 +54,7 @@ class Sampler:
     matters on CPU (about 1 ms per draw for V = 32128).
     """
     if self.is_greedy:
-      return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+      return argmax(probs)
     return sample(key, probs)
 
 
@@ -77,6 +76,20 @@ def _truncated_probs(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
     probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
   inverse = jnp.argsort(order, axis=-1)
   return jnp.take_along_axis(probs, inverse, axis=-1)
+
+
+def argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, axis=-1)` as int32, faster on CPU for a long last axis.
+
+  The same ids (the first maximal one; the first NaN if there is one),
+  from a max and a min over the ids where `x` attains it: XLA:CPU runs the
+  variadic (value, index) reduction `jnp.argmax` lowers to about 6x slower
+  (130 vs 22 us for V = 32128), once per draft step and per verification.
+  """
+  top = jnp.max(x, axis=-1, keepdims=True)
+  ids = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  hit = (x == top) | jnp.isnan(x)
+  return jnp.min(jnp.where(hit, ids, x.shape[-1]), axis=-1)
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
@@ -129,6 +142,6 @@ def draw_tokens(sampler: Sampler, keys: jax.Array, logits: jax.Array):
   materialized (None): skipping V-wide passes per draw matters on CPU.
   """
   if sampler.is_greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    return argmax(logits), None
   probs = sampler.probs(logits)
   return jax.vmap(sample)(keys, probs), probs

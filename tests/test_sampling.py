@@ -113,3 +113,16 @@ def test_bad_settings_name_the_argument(kwargs):
   name = next(iter(kwargs))
   with pytest.raises(ValueError, match=name):
     Sampler(**kwargs)
+
+
+def test_fast_argmax_equals_jnp_argmax():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(3, 4, 257)).astype(np.float32)
+  x[0, 0, [5, 9]] = 100.0  # tie: the first id wins
+  x[0, 1, :] = -np.inf  # all equal
+  x[1, 2, [7, 3]] = np.nan  # NaN: the first NaN, as jnp.argmax
+  x[2, 3, 0] = 50.0
+  got = np.asarray(sampling.argmax(jnp.asarray(x)))
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(x, axis=-1)))
+  assert (got[0, 0], got[0, 1], got[1, 2], got[2, 3]) == (5, 0, 3, 0)
