@@ -89,7 +89,7 @@ def test_sub_draft_equal_to_draft_model_is_always_accepted(
 ):
   """Sub-draft states stay right across outer iterations (0..G accepted)."""
   target, draft, _ = greedy_models
-  enc = encoder_batch(8, 7, 16, seed=0)
+  enc = encoder_batch(16, 7, 16, seed=0)
   parts = []
   h = Hierarchical(draft, draft, gamma=2, stats_callback=parts.append)
   out = sd.generate(
