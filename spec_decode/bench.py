@@ -6,13 +6,22 @@ Sections (all medians over repeats, after warm-up, in one process):
   2. v(k) = target time for k tokens / time for 1 token, k = 2..16;
   3. speculative vs plain walltime under controlled acceptance
      (`drafters.ControlledDraft`) at alpha in {0.5, 0.7, 0.8, 0.9}, with the
-     generalized prediction E[tokens] / (gamma c + v) from measured c and v;
+     generalized prediction E[tokens] / (gamma c + v) from measured c and v,
+     end to end and for the decode loops alone (setup subtracted);
   4. tokens/s of plain and speculative decoding at batch 1, 4, 8, 16;
   5. peer: Hugging Face transformers greedy and assisted generation against
      ours on the same weights and inputs (`bench_peer`);
   6. first-call compile time, and the number of recompilations after warm-up.
   7. (`--kernel`) sections 1-3 again with the small-K CPU kernel on and off
-     (`spec_decode.kernels`), same run, under the JSON key `kernel`.
+     (`spec_decode.kernels`), same run, under the JSON key `kernel`;
+  8. (`--profile`, on by default) where a speculative iteration's time goes
+     at gamma 4 and 8 (alpha 0.8): decodes traced with the JAX profiler,
+     its XLA thunks split by scope (target call, draft calls, the rest of
+     the draft block, the loop's verify/commit, idle) and by kind (kernel,
+     dot, copy, cache write, reduce, elementwise), next to the same calls
+     timed alone, and the bytes the loop body copies per iteration from the
+     optimized HLO (`spec_decode.profile_step`), under the JSON key
+     `profile`.
 Prints a Markdown table and writes JSON (`--out`).
 """
 
@@ -35,10 +44,13 @@ import spec_decode as sd
 from spec_decode import bench_peer
 from spec_decode import decoding
 from spec_decode import drafters
+from spec_decode import profile_step
 from spec_decode import theory
 from spec_decode.kernels import ops as kernel_ops
 
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
+PROFILE_GAMMAS = (4, 8)
+PROFILE_ALPHA = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +176,19 @@ def step_times(
   }
 
 
+@functools.partial(jax.jit, static_argnames=('length',))
+def _init_states(models, encoder_tokens, length: int):
+  return tuple(m.init_state(encoder_tokens, length) for m in models)
+
+
+def setup_seconds(models, encoder_tokens, length: int, repeats: int) -> float:
+  """Time to set up decoding states (encoders, cross-attention keys and
+  values, caches) of `models` for `encoder_tokens`, as a decode does once
+  before its loop."""
+  enc = jnp.asarray(encoder_tokens, jnp.int32)
+  return _median_time(lambda: _init_states(tuple(models), enc, length), repeats)
+
+
 def _timed_generate(repeats, **kwargs) -> tuple[float, sd.GenerateOutput]:
   out = sd.generate(**kwargs)
   return _median_time(lambda: sd.generate(**kwargs).tokens, repeats), out
@@ -191,9 +216,15 @@ def controlled_speedups(
   γ comes from `theory.choose_gamma` with the measured c and v(k); each
   speculative output is checked equal to the plain one. Also reports where
   an iteration's time goes: the model calls it makes (γ draft steps and one
-  target call over γ + 1 tokens, timed inside compiled loops) and the rest.
+  target call over γ + 1 tokens, timed inside compiled loops) and the rest;
+  and the speedup of the decode loops alone (`measured_loop`: the setup
+  before the loop, target and draft encoders, subtracted from both
+  walltimes), which is what E/(γc+v) predicts.
   """
   c = d_times[1] / t_times[1]
+  m = cfg.max_decode_len
+  setup_plain = setup_seconds([target], enc, m + 2, cfg.repeats)
+  setup_spec = setup_seconds([target, draft_net], enc, m + 2, cfg.repeats)
   speedups = {}
   for alpha in ALPHAS:
     gamma, _ = theory.choose_gamma(alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1)
@@ -218,7 +249,8 @@ def controlled_speedups(
       theory.walltime_improvement(a_hat, gamma, c, v_of_k[gamma + 1])
     )
     measured = plain_time / spec_time
-    iteration = spec_time / max(spec.stats.target_calls, 1)
+    measured_loop = (plain_time - setup_plain) / (spec_time - setup_spec)
+    iteration = (spec_time - setup_spec) / max(spec.stats.target_calls, 1)
     model_calls = gamma * d_times[1] + t_times[1] * v_of_k[gamma + 1]
     speedups[str(alpha)] = dict(
       gamma=gamma,
@@ -226,14 +258,55 @@ def controlled_speedups(
       measured=measured,
       predicted=predicted,
       ratio=measured / predicted,
+      measured_loop=measured_loop,
+      ratio_loop=measured_loop / predicted,
       predicted_v1=float(theory.walltime_improvement(a_hat, gamma, c)),
       tokens_per_call=spec.stats.tokens_per_call,
       spec_seconds=spec_time,
+      setup_plain_ms=setup_plain * 1e3,
+      setup_spec_ms=setup_spec * 1e3,
       iteration_ms=iteration * 1e3,
       model_calls_ms=model_calls * 1e3,
       overhead_ms=(iteration - model_calls) * 1e3,
     )
   return speedups
+
+
+def profile_section(
+  cfg: BenchConfig, target=None, draft_net=None, reference=None
+) -> dict[str, Any]:
+  """Section 8: `profile_step.profile_iteration` at each of PROFILE_GAMMAS.
+
+  Under `ControlledDraft` at PROFILE_ALPHA (batch 1, greedy), with the
+  target call over gamma + 1 tokens and one draft step timed alone inside
+  compiled loops (`step_times`) for comparison with their in-loop times.
+  """
+  m = cfg.max_decode_len
+  if target is None:
+    target = bench_peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
+    draft_net = sd.Model.init(cfg.draft, seed=1)
+  enc = _inputs(1)
+  if reference is None:
+    reference = sd.generate(
+      target, enc, max_decode_len=m + max(PROFILE_GAMMAS) + 2
+    ).tokens
+  draft = drafters.ControlledDraft(
+    inner=draft_net,
+    reference=jnp.asarray(reference),
+    alpha=jnp.float32(PROFILE_ALPHA),
+    key=jax.random.key(17),
+  )
+  alone_t = step_times(target, [g + 1 for g in PROFILE_GAMMAS], cfg.repeats)
+  alone_d = step_times(draft_net, (1,), cfg.repeats)[1]
+  out = {'alpha': PROFILE_ALPHA}
+  for g in PROFILE_GAMMAS:
+    prof = profile_step.profile_iteration(
+      target, draft, enc, g, m, repeats=cfg.repeats
+    )
+    prof['target_alone_ms'] = alone_t[g + 1] * 1e3
+    prof['draft_model_alone_ms'] = g * alone_d * 1e3
+    out[str(g)] = prof
+  return out
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -467,16 +540,77 @@ def kernel_markdown(r: dict[str, Any]) -> str:
   lines += [
     '',
     '| kernel | alpha | gamma | alpha measured | measured | '
-    'predicted E/(γc+v) |',
-    '|---|---|---|---|---|---|',
+    'measured (loop) | predicted E/(γc+v) |',
+    '|---|---|---|---|---|---|---|',
   ]
   for n, s in runs.items():
     for a, x in s['speedup'].items():
       lines.append(
         f'| {n} | {a} | {x["gamma"]} | '
         f'{x["alpha_measured"]:.3f} | {x["measured"]:.2f}x | '
-        f'{x["predicted"]:.2f}x |'
+        f'{x.get("measured_loop", 0):.2f}x | {x["predicted"]:.2f}x |'
       )
+  return '\n'.join(lines)
+
+
+def profile_markdown(p: dict[str, Any]) -> str:
+  """Section 8 as Markdown: per-iteration split, kinds, costliest thunks."""
+  gammas = [k for k in p if k != 'alpha']
+  lines = [
+    f'## Where an iteration goes (profile, alpha {p["alpha"]}, batch 1)',
+    '',
+    'Decodes traced with the JAX profiler (the median one shown); each XLA '
+    'thunk mapped to its HLO instruction (`spec_decode.profile_step`). ms '
+    'per iteration; '
+    '"alone": the same calls timed in a compiled loop of their own; setup: '
+    'encoders and cache allocation, once per decode.',
+    '',
+    '| γ | iterations | iteration ms | loop ms | target (alone) | '
+    'draft model (alone) | draft other | verify/commit | idle | setup ms | '
+    'thunks | copied KB |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for g in gammas:
+    x = p[g]
+    s = x['split_ms']
+    copied = sum(x['hlo']['copy_bytes_per_iteration'].values()) / 1e3
+    lines.append(
+      f'| {g} | {x["iterations"]} | {x["ms_per_iteration"]:.1f} | '
+      f'{x["loop_ms_per_iteration"]:.1f} | '
+      f'{s["target"]:.1f} ({x["target_alone_ms"]:.1f}) | '
+      f'{s["draft model"]:.1f} ({x["draft_model_alone_ms"]:.1f}) | '
+      f'{s["draft other"]:.2f} | {s["loop"]:.2f} | {s["idle"]:.2f} | '
+      f'{x["setup_ms"]:.0f} | {x["hlo"]["thunks_per_iteration"]} | '
+      f'{copied:.0f} |'
+    )
+  lines += [
+    '',
+    '| γ | scope | ' + ' | '.join(profile_step.KINDS) + ' |',
+    '|---|---|' + '---|' * len(profile_step.KINDS),
+  ]
+  for g in gammas:
+    for scope in profile_step.SCOPES:
+      kinds = p[g]['kinds_ms'].get(scope)
+      if not kinds:
+        continue
+      lines.append(
+        f'| {g} | {scope} | '
+        + ' | '.join(f'{kinds.get(k, 0.0):.2f}' for k in profile_step.KINDS)
+        + ' |'
+      )
+  g = gammas[-1]
+  lines += [
+    '',
+    f'Costliest thunks at γ = {g} (ms per iteration):',
+    '',
+    '| ms | scope | kind | shape | op |',
+    '|---|---|---|---|---|',
+  ]
+  for t in p[g]['top'][:8]:
+    lines.append(
+      f'| {t["ms"]:.2f} | {t["scope"]} | {t["kind"]} | {t["shape"]} | '
+      f'`{t["op_name"][-60:]}` |'
+    )
   return '\n'.join(lines)
 
 
@@ -503,18 +637,26 @@ def to_markdown(r: dict[str, Any]) -> str:
     '## Speculative vs plain (controlled acceptance, batch 1)',
     '',
     '| alpha | gamma | alpha measured | tokens/call | measured | '
-    'predicted E/(γc+v) | ratio | Thm 3.8 (v=1) | iteration ms | '
-    'model calls ms | other ms |',
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    'predicted E/(γc+v) | ratio | measured (loop) | ratio (loop) | '
+    'Thm 3.8 (v=1) | setup ms | iteration ms | model calls ms | other ms |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for a, s in r['speedup'].items():
     lines.append(
       f'| {a} | {s["gamma"]} | {s["alpha_measured"]:.3f} | '
       f'{s["tokens_per_call"]:.2f} | {s["measured"]:.2f}x | '
       f'{s["predicted"]:.2f}x | {s["ratio"]:.2f} | '
-      f'{s["predicted_v1"]:.2f}x | {s.get("iteration_ms", 0):.1f} | '
+      f'{s.get("measured_loop", 0):.2f}x | {s.get("ratio_loop", 0):.2f} | '
+      f'{s["predicted_v1"]:.2f}x | {s.get("setup_spec_ms", 0):.0f} | '
+      f'{s.get("iteration_ms", 0):.1f} | '
       f'{s.get("model_calls_ms", 0):.1f} | {s.get("overhead_ms", 0):.1f} |'
     )
+  lines += [
+    '',
+    '"measured (loop)": the decode loops alone, the setup before them '
+    '(encoders, caches; "setup ms" for the speculative run) subtracted; '
+    'iteration ms excludes it too.',
+  ]
   lines += [
     '',
     '## Batch size (alpha = 0.8)',
@@ -577,21 +719,35 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     '--kernel_only', action='store_true', help='only the --kernel sections'
   )
+  parser.add_argument(
+    '--profile',
+    choices=('on', 'off'),
+    default='on',
+    help='where a speculative iteration\'s time goes (JSON key "profile")',
+  )
+  parser.add_argument(
+    '--profile_only', action='store_true', help='only the --profile section'
+  )
   args = parser.parse_args(argv)
   cfg = QUICK if args.quick else FULL
   if args.kernel is None:
     args.kernel = 'none' if args.quick else 'both'
-  results = {} if args.kernel_only else run(cfg)
-  if args.kernel != 'none':
+  only = args.kernel_only or args.profile_only
+  results = {} if only else run(cfg)
+  if args.kernel != 'none' and not args.profile_only:
     settings = ('off', 'on') if args.kernel == 'both' else (args.kernel,)
     results['kernel'] = kernel_sections(cfg, settings)
+  if (args.profile == 'on' and not args.kernel_only) or args.profile_only:
+    results['profile'] = profile_section(cfg)
   results['quick'] = args.quick
   with open(args.out, 'w') as f:
     json.dump(results, f, indent=2)
-  if not args.kernel_only:
+  if not only:
     print(to_markdown(results))
   if 'kernel' in results:
     print('\n' + kernel_markdown(results['kernel']))
+  if 'profile' in results:
+    print('\n' + profile_markdown(results['profile']))
   print(f'\nwrote {args.out}')
   return 0
 
