@@ -30,18 +30,16 @@ import dataclasses
 import functools
 import json
 import platform
-import statistics
 import time
 from typing import Any
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 import spec_decode as sd
 from spec_decode import bench_peer
+from spec_decode import costs
 from spec_decode import decoding
 from spec_decode import drafters
 from spec_decode import profile_step
@@ -100,14 +98,8 @@ QUICK = BenchConfig(
 )
 
 
-def _median_time(fn: Callable[[], Any], repeats: int) -> float:
-  jax.block_until_ready(fn())  # warm-up (and compile)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+_median_time = costs.median_time
+step_times = costs.step_times
 
 
 def copy_bandwidth(megabytes: int, repeats: int) -> float:
@@ -134,46 +126,6 @@ def decoder_step_bytes(model: sd.Model) -> int:
   if model.config.logits_via_embedding:
     total += model.params['token_embedder']['embedding'].nbytes
   return total
-
-
-@functools.partial(jax.jit, static_argnames=('num_tokens', 'calls'))
-def _repeated_score(model, state, num_tokens: int, calls: int):
-  """`calls` score calls of `num_tokens` tokens inside one compiled loop.
-
-  Each call rolls back to the same index and writes the cache the next call
-  reads, so XLA cannot hoist the work out of the loop; timing it this way
-  measures a call as the decoding loops see it (no dispatch overhead).
-  """
-  index = state.cache.index if hasattr(state, 'cache') else state.index
-  tokens = jnp.zeros((index.shape[0], num_tokens), jnp.int32)
-
-  def body(_, carry):
-    st, acc = carry
-    logits, st = model.score(model.rollback(st, index), tokens)
-    return st, acc + logits[0, 0, 0]
-
-  return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
-
-
-def step_times(
-  model: sd.Model,
-  ks,
-  repeats: int,
-  batch: int = 1,
-  prefix: int = 16,
-  calls: int = 16,
-) -> dict[int, float]:
-  """Median time of one in-loop `score` call with k tokens per row, per k."""
-  enc = jnp.full((batch, 16), 5, jnp.int32)
-  state = model.init_state(enc, prefix + max(ks) + 2)
-  _, state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))
-  return {
-    k: _median_time(
-      lambda k=k: _repeated_score(model, state, k, calls), repeats
-    )
-    / calls
-    for k in ks
-  }
 
 
 @functools.partial(jax.jit, static_argnames=('length',))

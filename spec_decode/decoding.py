@@ -235,9 +235,7 @@ def _verify(
   if sampler.is_greedy and greedy_path is not None:
     if getattr(verifier, 'lenience', 1.0) < 1.0:
       extra['target_logits'] = logits
-    return greedy_path(
-      jnp.argmax(logits, axis=-1).astype(jnp.int32), draft_tokens, **extra
-    )
+    return greedy_path(sampling.argmax(logits), draft_tokens, **extra)
   if q is None:  # Greedy draft, verifier without a greedy path.
     q = jax.nn.one_hot(draft_tokens, logits.shape[-1], dtype=jnp.float32)
   uniforms = jax.vmap(
