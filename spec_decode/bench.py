@@ -98,6 +98,19 @@ QUICK = BenchConfig(
 )
 
 
+# Peer pairs (section 5): name -> (target decoder layers, draft decoder
+# layers, residual scale). "deep decoder" doubles the target's decoder so a
+# one-layer draft costs c ~ 0.15, the regime speculation is meant for (the
+# paper's T5-small drafts for T5-XXL); "base" is the bench target itself,
+# whose draft shares the 32128-wide logits and costs c ~ 0.3.
+PRIMARY_PAIR = 'deep decoder'
+
+
+def peer_pairs(cfg: BenchConfig) -> dict[str, tuple[int, int, float]]:
+  layers = cfg.target.num_decoder_layers
+  return {PRIMARY_PAIR: (2 * layers, 1, 0.05), 'base': (layers, 2, 0.1)}
+
+
 _median_time = costs.median_time
 step_times = costs.step_times
 
@@ -358,10 +371,20 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     )
   results['batch'] = batch_rows
 
-  # 5. peer run on the same target size, with an agreeing truncated draft.
-  results['hf'] = bench_peer.run(
-    cfg.target, draft_layers=2, gamma=4, max_len=m, repeats=cfg.repeats
-  )
+  # 5. peer runs, each pair a target and an agreeing truncated copy of it.
+  pairs = {
+    name: bench_peer.run(
+      cfg.target.replace(num_decoder_layers=layers),
+      draft_layers=draft_layers,
+      gamma=4,
+      max_len=m,
+      repeats=cfg.repeats,
+      residual_scale=scale,
+    )
+    for name, (layers, draft_layers, scale) in peer_pairs(cfg).items()
+  }
+  results['hf_pairs'] = pairs
+  results['hf'] = pairs[PRIMARY_PAIR]
 
   # 6. recompilations after warm-up: new inputs of the same shapes.
   before = (
@@ -622,25 +645,33 @@ def to_markdown(r: dict[str, Any]) -> str:
       f'{s["speculative_tokens_per_s"]:.1f} | '
       f'{s["speedup"]:.2f}x |'
     )
-  hf = r.get('hf', {})
-  if 'skipped' in hf:
-    lines += ['', f'Peer run skipped: {hf["skipped"]}']
-  elif hf:
+  pairs = r.get('hf_pairs', {})
+  skipped = [p['skipped'] for p in pairs.values() if 'skipped' in p]
+  if skipped:
+    lines += ['', f'Peer run skipped: {skipped[0]}']
+  elif pairs:
     lines += [
       '',
-      '## Peer: Hugging Face transformers (PyTorch CPU), batch 1, '
-      f'gamma {hf["gamma"]}, alpha {hf["alpha"]:.2f}',
+      '## Peer: Hugging Face transformers (PyTorch CPU), batch 1',
       '',
-      '| | plain tok/s | speculative tok/s | speedup |',
-      '|---|---|---|---|',
-      f'| ours | {hf["ours_plain_tokens_per_s"]:.1f} | '
-      f'{hf["ours_tokens_per_s"]:.1f} | {hf["ours_speedup"]:.2f}x |',
-      f'| transformers | {hf["hf_plain_tokens_per_s"]:.1f} | '
-      f'{hf["hf_tokens_per_s"]:.1f} | {hf["hf_speedup"]:.2f}x |',
-      '',
-      f'ours / transformers speculative tokens/s: {hf["ratio"]:.2f}; '
-      f'same greedy tokens: {hf["same_tokens_as_hf"]}',
+      '| pair | target/draft decoder layers | c | alpha | gamma | | '
+      'plain tok/s | speculative tok/s | speedup | ours / transformers '
+      'speculative tok/s | same greedy tokens |',
+      '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
+    for name, hf in pairs.items():
+      head = (
+        f'| {name} | {hf["target_decoder_layers"]}/{hf["draft_layers"]} | '
+        f'{hf["c"]:.3f} | {hf["alpha"]:.2f} | {hf["gamma"]} |'
+      )
+      lines += [
+        f'{head} ours | {hf["ours_plain_tokens_per_s"]:.1f} | '
+        f'{hf["ours_tokens_per_s"]:.1f} | {hf["ours_speedup"]:.2f}x | '
+        f'{hf["ratio"]:.2f} | {hf["same_tokens_as_hf"]} |',
+        f'{head} transformers | {hf["hf_plain_tokens_per_s"]:.1f} | '
+        f'{hf["hf_tokens_per_s"]:.1f} | {hf["hf_speedup"]:.2f}x | | '
+        f'assisted = greedy: {hf["hf_assisted_equals_hf_greedy"]} |',
+      ]
   lines += [
     '',
     f'First plain call (compile + run): '

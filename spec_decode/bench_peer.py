@@ -10,15 +10,14 @@ acceptance rate; each speedup is over that implementation's own greedy
 decoding. Transformers' assisted generation is batch 1 only.
 """
 
-import statistics
 import tempfile
-import time
 from typing import Any
 
 import jax
 import numpy as np
 
 import spec_decode as sd
+from spec_decode import costs
 from spec_decode import hf_checkpoint
 
 _RESIDUAL_SCALE = 0.1
@@ -40,17 +39,24 @@ def suppress_eos(model: sd.Model) -> sd.Model:
 
 
 def agreeable_pair(
-  cfg: sd.T5Config, draft_layers: int, seed: int = 0
+  cfg: sd.T5Config,
+  draft_layers: int,
+  residual_scale: float = _RESIDUAL_SCALE,
+  seed: int = 0,
 ) -> tuple[sd.Model, sd.Model]:
-  """A random target and a truncated copy of it that agrees often."""
+  """A random target and a truncated copy of it that agrees often.
+
+  The more decoder layers the target has beyond the draft's, the smaller
+  `residual_scale` must be for the same acceptance rate.
+  """
   target = sd.Model.init(cfg, seed=seed)
   params = jax.tree.map(np.array, target.params)
   dec = params['decoder']
   for i in range(cfg.num_decoder_layers):
     layer = dec[f'layers_{i}']
     for attn in ('self_attention', 'encoder_decoder_attention'):
-      layer[attn]['out']['kernel'] *= _RESIDUAL_SCALE
-    layer['mlp']['wo']['kernel'] *= _RESIDUAL_SCALE
+      layer[attn]['out']['kernel'] *= residual_scale
+    layer['mlp']['wo']['kernel'] *= residual_scale
   dec['logits_dense']['kernel'] *= _LOGIT_SCALE
   target = suppress_eos(target.with_params(params))
   params = target.params
@@ -69,18 +75,13 @@ def agreeable_pair(
   return target, draft
 
 
-def _median(fn, repeats: int) -> float:
-  fn()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
 def run(
-  cfg: sd.T5Config, draft_layers: int, gamma: int, max_len: int, repeats: int
+  cfg: sd.T5Config,
+  draft_layers: int,
+  gamma: int,
+  max_len: int,
+  repeats: int,
+  residual_scale: float = _RESIDUAL_SCALE,
 ) -> dict[str, Any]:
   """Tokens/s of greedy and speculative decoding, ours and transformers'."""
   try:
@@ -88,7 +89,8 @@ def run(
     import transformers  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     return {'skipped': f'transformers/torch not installed ({e})'}
-  target, draft = agreeable_pair(cfg, draft_layers)
+  target, draft = agreeable_pair(cfg, draft_layers, residual_scale)
+  steps = [costs.step_times(m, [1], repeats)[1] for m in (target, draft)]
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, 1000, (1, 24)).astype(np.int32)
 
@@ -96,10 +98,10 @@ def run(
   ours_spec = sd.generate(
     target, inputs, draft=draft, gamma=gamma, max_decode_len=max_len
   )
-  t_plain = _median(
+  t_plain = costs.median_time(
     lambda: sd.generate(target, inputs, max_decode_len=max_len), repeats
   )
-  t_spec = _median(
+  t_spec = costs.median_time(
     lambda: sd.generate(
       target, inputs, draft=draft, gamma=gamma, max_decode_len=max_len
     ),
@@ -131,14 +133,23 @@ def run(
     num_beams=1,
   )
 
+  def fresh_cache():
+    # transformers sizes a cache built from a T5 config by its encoder depth
+    # (`num_hidden_layers` maps to `num_layers`), which breaks a decoder
+    # deeper than the encoder; lazily grown caches have no such limit.
+    return transformers.EncoderDecoderCache(
+      transformers.DynamicCache(), transformers.DynamicCache()
+    )
+
   def hf_plain():
     with torch.no_grad():
-      return hf_target.generate(**common)
+      return hf_target.generate(**common, past_key_values=fresh_cache())
 
   def hf_assisted():
     with torch.no_grad():
       return hf_target.generate(
         **common,
+        past_key_values=fresh_cache(),
         assistant_model=hf_draft,
         num_assistant_tokens=gamma,
         num_assistant_tokens_schedule='constant',
@@ -146,14 +157,17 @@ def run(
 
   hf_greedy = hf_plain().numpy()[0, 1:]
   hf_assist = hf_assisted().numpy()[0, 1:]
-  th_plain = _median(hf_plain, repeats)
-  th_assist = _median(hf_assisted, repeats)
+  th_plain = costs.median_time(hf_plain, repeats)
+  th_assist = costs.median_time(hf_assisted, repeats)
   ours_tps = max_len / t_spec
   hf_tps = max_len / th_assist
   return dict(
     gamma=gamma,
     max_decode_len=max_len,
     draft_layers=draft_layers,
+    target_decoder_layers=cfg.num_decoder_layers,
+    residual_scale=residual_scale,
+    c=steps[1] / steps[0],
     alpha=ours_spec.stats.alpha,
     same_tokens_as_hf=bool((ours_plain.tokens[0] == hf_greedy).all()),
     hf_assisted_equals_hf_greedy=bool((hf_assist == hf_greedy).all()),
