@@ -1,5 +1,6 @@
 """Shared tiny models for the CPU test suite."""
 
+import gc
 import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -11,6 +12,19 @@ import pytest  # noqa: E402
 import spec_decode as sd  # noqa: E402
 
 jax.config.update('jax_enable_x64', False)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _release_compiled_programs():
+  """Drops JAX's compiled executables after each test module.
+
+  Every XLA:CPU executable holds a few hundred memory mappings; the whole
+  suite in one process compiles enough of them to reach the kernel's
+  `vm.max_map_count` (65530), and the next compilation then segfaults.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 def tiny_config(vocab_size: int = 16, **overrides) -> sd.T5Config:
