@@ -32,6 +32,10 @@ def median_time(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
+def _index(state):
+  return state.cache.index if hasattr(state, 'cache') else state.index
+
+
 @functools.partial(jax.jit, static_argnames=('num_tokens', 'calls'))
 def _repeated_score(model, state, num_tokens: int, calls: int):
   """`calls` score calls of `num_tokens` tokens inside one compiled loop.
@@ -39,7 +43,7 @@ def _repeated_score(model, state, num_tokens: int, calls: int):
   Each call rolls back to the same index and writes the cache the next call
   reads, so XLA cannot hoist the work out of the loop.
   """
-  index = state.cache.index if hasattr(state, 'cache') else state.index
+  index = _index(state)
   tokens = jnp.zeros((index.shape[0], num_tokens), jnp.int32)
 
   def body(_, carry):
@@ -48,6 +52,68 @@ def _repeated_score(model, state, num_tokens: int, calls: int):
     return st, acc + logits[0, 0, 0]
 
   return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
+
+
+@functools.partial(jax.jit, static_argnames=('gamma', 'calls'))
+def _repeated_iterations(target, draft, states, gamma: int, calls: int):
+  """`calls` rounds of one target call over gamma + 1 tokens then gamma draft
+  steps, each call's input depending on the previous call's output as in
+  speculative decoding (so XLA runs them in that order, not concurrently)."""
+  t_index, d_index = _index(states[0]), _index(states[1])
+  batch = t_index.shape[0]
+
+  def token(logits):  # always 0, but only known after `logits`
+    return (logits[:, -1:, 0] > 3e38).astype(jnp.int32)
+
+  def body(_, carry):
+    t_state, d_state, last = carry
+    logits, t_state = target.score(
+      target.rollback(t_state, t_index),
+      jnp.broadcast_to(last, (batch, gamma + 1)),
+    )
+    last = token(logits)
+    d_state = draft.rollback(d_state, d_index)
+    for _ in range(gamma):  # unrolled, like the drafters' steps
+      logits, d_state = draft.score(d_state, last)
+      last = token(logits)
+    return t_state, d_state, last
+
+  init = (*states, jnp.zeros((batch, 1), jnp.int32))
+  return lax.fori_loop(0, calls, body, init)[2]
+
+
+def iteration_time(
+  target: Any,
+  draft: Any,
+  gamma: int,
+  repeats: int,
+  batch: int = 1,
+  prefix: int = 16,
+  calls: int = 8,
+) -> float:
+  """Median time of one target call over gamma + 1 tokens plus gamma draft
+  steps, run back to back inside one compiled loop.
+
+  This is what a speculative iteration's model calls cost with the memory
+  hierarchy in decoding's state: on a CPU whose cache holds one model's
+  weights, calls timed alone (`step_times`) find their weights cached, while
+  here each model's weights have been evicted by the other's.
+  """
+  enc = jnp.full((batch, 16), 5, jnp.int32)
+  length = prefix + gamma + 3
+  states = []
+  for model in (target, draft):
+    state = model.init_state(enc, length)
+    _, state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))
+    states.append(state)
+  states = tuple(states)
+  return (
+    median_time(
+      lambda: _repeated_iterations(target, draft, states, gamma, calls),
+      repeats,
+    )
+    / calls
+  )
 
 
 def step_times(
