@@ -36,6 +36,7 @@ demo-random: install
 bench: install
 	$(PY) -m spec_decode.main bench --out bench.json
 	$(PY) -m spec_decode.load_bench --out load_bench.json
+	$(PY) -m spec_decode.bench_draft_dtype --out bench_draft_dtype.json
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests
