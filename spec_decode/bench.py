@@ -158,12 +158,23 @@ def setup_seconds(models, encoder_tokens, length: int, repeats: int) -> float:
   return _median_time(lambda: _init_states(tuple(models), enc, length), repeats)
 
 
-def _timed_generate(repeats, **kwargs) -> tuple[float, sd.GenerateOutput]:
+def controlled_draft(draft_net, reference, alpha: float, seed: int = 17):
+  """`draft_net`'s cost with the target's own `reference` tokens proposed at
+  rate `alpha` (synthetic acceptance)."""
+  return drafters.ControlledDraft(
+    inner=draft_net,
+    reference=jnp.asarray(reference),
+    alpha=jnp.float32(alpha),
+    key=jax.random.key(seed),
+  )
+
+
+def timed_generate(repeats, **kwargs) -> tuple[float, sd.GenerateOutput]:
   out = sd.generate(**kwargs)
   return _median_time(lambda: sd.generate(**kwargs).tokens, repeats), out
 
 
-def _inputs(batch: int, seed: int = 0) -> np.ndarray:
+def inputs(batch: int, seed: int = 0) -> np.ndarray:
   rng = np.random.default_rng(seed)
   return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
 
@@ -198,13 +209,8 @@ def controlled_speedups(
   for alpha in ALPHAS:
     gamma, _ = theory.choose_gamma(alpha, c, v_of_k, max_gamma=max(cfg.ks) - 1)
     gamma = int(gamma)
-    draft = drafters.ControlledDraft(
-      inner=draft_net,
-      reference=jnp.asarray(reference),
-      alpha=jnp.float32(alpha),
-      key=jax.random.key(17),
-    )
-    spec_time, spec = _timed_generate(
+    draft = controlled_draft(draft_net, reference, alpha)
+    spec_time, spec = timed_generate(
       cfg.repeats,
       model=target,
       encoder_tokens=enc,
@@ -261,17 +267,12 @@ def profile_section(
   if target is None:
     target = bench_peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
     draft_net = sd.Model.init(cfg.draft, seed=1)
-  enc = _inputs(1)
+  enc = inputs(1)
   if reference is None:
     reference = sd.generate(
       target, enc, max_decode_len=m + max(PROFILE_GAMMAS) + 2
     ).tokens
-  draft = drafters.ControlledDraft(
-    inner=draft_net,
-    reference=jnp.asarray(reference),
-    alpha=jnp.float32(PROFILE_ALPHA),
-    key=jax.random.key(17),
-  )
+  draft = controlled_draft(draft_net, reference, PROFILE_ALPHA)
   alone_t = step_times(target, [g + 1 for g in PROFILE_GAMMAS], cfg.repeats)
   alone_d = step_times(draft_net, (1,), cfg.repeats)[1]
   out = {'alpha': PROFILE_ALPHA}
@@ -302,14 +303,14 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
   draft_net = sd.Model.init(cfg.draft, seed=1)
 
   # 6a. compile time of the first call.
-  enc1 = _inputs(1)
+  enc1 = inputs(1)
   t0 = time.perf_counter()
   sd.generate(target, enc1, max_decode_len=m)
   results['compile_seconds_plain'] = time.perf_counter() - t0
 
   # 1. plain decoding efficiency.
   bandwidth = copy_bandwidth(cfg.copy_mb, cfg.repeats)
-  plain_time, plain = _timed_generate(
+  plain_time, plain = timed_generate(
     cfg.repeats, model=target, encoder_tokens=enc1, max_decode_len=m
   )
   steps = int(plain.lengths.max())
@@ -356,18 +357,13 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
   gamma = speedups['0.8']['gamma']
   batch_rows = {}
   for b in cfg.batches:
-    enc = _inputs(b, seed=b)
+    enc = inputs(b, seed=b)
     ref = sd.generate(target, enc, max_decode_len=m + gamma + 2)
-    draft = drafters.ControlledDraft(
-      inner=draft_net,
-      reference=jnp.asarray(ref.tokens),
-      alpha=jnp.float32(0.8),
-      key=jax.random.key(17),
-    )
-    pt, _ = _timed_generate(
+    draft = controlled_draft(draft_net, ref.tokens, 0.8)
+    pt, _ = timed_generate(
       cfg.repeats, model=target, encoder_tokens=enc, max_decode_len=m
     )
-    st, _ = _timed_generate(
+    st, _ = timed_generate(
       cfg.repeats,
       model=target,
       encoder_tokens=enc,
@@ -402,16 +398,11 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     decoding.plain_decode_jit._cache_size(),
     decoding.speculative_decode_jit._cache_size(),
   )
-  sd.generate(target, _inputs(1, seed=99), max_decode_len=m, seed=3)
-  draft = drafters.ControlledDraft(
-    inner=draft_net,
-    reference=jnp.asarray(reference.tokens),
-    alpha=jnp.float32(0.6),
-    key=jax.random.key(3),
-  )
+  sd.generate(target, inputs(1, seed=99), max_decode_len=m, seed=3)
+  draft = controlled_draft(draft_net, reference.tokens, 0.6, seed=3)
   sd.generate(
     target,
-    _inputs(1, seed=98),
+    inputs(1, seed=98),
     draft=draft,
     gamma=speedups['0.8']['gamma'],
     max_decode_len=m,
@@ -439,7 +430,7 @@ def kernel_sections(
   m = cfg.max_decode_len
   base = bench_peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
   draft_base = sd.Model.init(cfg.draft, seed=1)
-  enc1 = _inputs(1)
+  enc1 = inputs(1)
   bandwidth = copy_bandwidth(cfg.copy_mb, cfg.repeats)
   step_bytes = decoder_step_bytes(base)
   out: dict[str, Any] = {
@@ -455,7 +446,7 @@ def kernel_sections(
       continue
     target = _kernel_setting(base, on)
     draft_net = _kernel_setting(draft_base, on)
-    plain_time, plain = _timed_generate(
+    plain_time, plain = timed_generate(
       cfg.repeats, model=target, encoder_tokens=enc1, max_decode_len=m
     )
     step_time = plain_time / int(plain.lengths.max())

@@ -16,14 +16,12 @@ draft's precision (the target verifies every token).
 import argparse
 import json
 
-import jax
 import jax.numpy as jnp
 
 import spec_decode as sd
 from spec_decode import bench
 from spec_decode import bench_peer
 from spec_decode import costs
-from spec_decode import drafters
 
 
 def run(cfg: bench.BenchConfig, alpha: float, gamma: int) -> dict:
@@ -35,21 +33,16 @@ def run(cfg: bench.BenchConfig, alpha: float, gamma: int) -> dict:
     ('bfloat16', draft32.pack_for_cpu(jnp.bfloat16)),
     ('float32 (again)', draft32),
   )
-  enc = bench._inputs(1)  # pylint: disable=protected-access
+  enc = bench.inputs(1)
   reference = sd.generate(target, enc, max_decode_len=m + gamma + 2).tokens
-  plain_time, plain = bench._timed_generate(  # pylint: disable=protected-access
+  plain_time, plain = bench.timed_generate(
     cfg.repeats, model=target, encoder_tokens=enc, max_decode_len=m
   )
   target_step = costs.step_times(target, [1], cfg.repeats)[1]
   rows = {}
   for name, draft_net in variants:
-    draft = drafters.ControlledDraft(
-      inner=draft_net,
-      reference=jnp.asarray(reference),
-      alpha=jnp.float32(alpha),
-      key=jax.random.key(17),
-    )
-    spec_time, spec = bench._timed_generate(  # pylint: disable=protected-access
+    draft = bench.controlled_draft(draft_net, reference, alpha)
+    spec_time, spec = bench.timed_generate(
       cfg.repeats,
       model=target,
       encoder_tokens=enc,

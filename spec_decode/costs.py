@@ -32,6 +32,12 @@ def median_time(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
+def _primed_state(model, batch: int, prefix: int, length: int):
+  """A decoding state of `length` positions with `prefix` tokens scored."""
+  state = model.init_state(jnp.full((batch, 16), 5, jnp.int32), length)
+  return model.score(state, jnp.zeros((batch, prefix), jnp.int32))[1]
+
+
 def _index(state):
   return state.cache.index if hasattr(state, 'cache') else state.index
 
@@ -99,14 +105,9 @@ def iteration_time(
   weights, calls timed alone (`step_times`) find their weights cached, while
   here each model's weights have been evicted by the other's.
   """
-  enc = jnp.full((batch, 16), 5, jnp.int32)
-  length = prefix + gamma + 3
-  states = []
-  for model in (target, draft):
-    state = model.init_state(enc, length)
-    _, state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))
-    states.append(state)
-  states = tuple(states)
+  states = tuple(
+    _primed_state(m, batch, prefix, prefix + gamma + 3) for m in (target, draft)
+  )
   return (
     median_time(
       lambda: _repeated_iterations(target, draft, states, gamma, calls),
@@ -125,9 +126,7 @@ def step_times(
   calls: int = 16,
 ) -> dict[int, float]:
   """Median time of one in-loop `score` call with k tokens per row, per k."""
-  enc = jnp.full((batch, 16), 5, jnp.int32)
-  state = model.init_state(enc, prefix + max(ks) + 2)
-  _, state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))
+  state = _primed_state(model, batch, prefix, prefix + max(ks) + 2)
   return {
     k: median_time(lambda k=k: _repeated_score(model, state, k, calls), repeats)
     / calls
