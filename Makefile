@@ -26,7 +26,7 @@ test: install
 # task (the data is built from apt's translation lists on first use).
 DATA_DIR ?= data/debian
 demo: install
-	test -f $(DATA_DIR)/manifest.json || $(PY) -m spec_decode.debian_data --out_dir $(DATA_DIR) --fetch
+	test -f $(DATA_DIR)/manifest.json || $(PY) -m spec_decode.data.debian --out_dir $(DATA_DIR) --fetch
 	$(PY) -m spec_decode.main eval
 
 # Mechanics only, on random tiny models (no data, no checkpoints).
@@ -35,8 +35,8 @@ demo-random: install
 
 bench: install
 	$(PY) -m spec_decode.main bench --out bench.json
-	$(PY) -m spec_decode.load_bench --out load_bench.json
-	$(PY) -m spec_decode.bench_draft_dtype --out bench_draft_dtype.json
+	$(PY) -m spec_decode.bench.load --out load_bench.json
+	$(PY) -m spec_decode.bench.draft_dtype --out bench_draft_dtype.json
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests

@@ -5,7 +5,7 @@
 # every worker (or clones a git repository there), installs the package and
 # runs `spec-decode eval` with the given gin file on all workers at once
 # (`gcloud compute tpus tpu-vm ssh --worker=all`). Every worker runs the same
-# program; `spec_decode.multihost.initialize()` connects them
+# program; `spec_decode.parallel.multihost.initialize()` connects them
 # (SPEC_DECODE_MULTIHOST=1 is exported for it).
 #
 # Examples:

@@ -15,11 +15,11 @@ import sys
 # `spec-decode theory` does not pay for JAX start-up, and so on.
 _COMMANDS = {
   'demo': 'spec_decode.demo',
-  'eval': 'spec_decode.eval_cli',
-  'train': 'spec_decode.train',
-  'bench': 'spec_decode.bench',
-  'theory': 'spec_decode.theory_cli',
-  'convert': 'spec_decode.convert',
+  'eval': 'spec_decode.eval.cli',
+  'train': 'spec_decode.train.lm',
+  'bench': 'spec_decode.bench.speed',
+  'theory': 'spec_decode.theory.cli',
+  'convert': 'spec_decode.checkpoints.convert',
 }
 _DEFAULT = 'demo'
 # Jobs that may run on a TPU pod: every host joins before JAX is used.
@@ -40,7 +40,7 @@ def run(argv: list[str] | None = None) -> int:
     )
     return 2
   if command in _MULTIHOST:
-    from spec_decode import multihost  # pylint: disable=g-import-not-at-top
+    from spec_decode.parallel import multihost  # pylint: disable=g-import-not-at-top
 
     multihost.initialize()
   module = importlib.import_module(_COMMANDS[command])

@@ -17,7 +17,7 @@ from conftest import tiny_config
 from scipy import stats
 
 import spec_decode as sd
-from spec_decode.models import shift_right
+from spec_decode.models.t5_model import shift_right
 
 V, M, N, BATCH = 6, 4, 24_000, 4_000
 FALSE_ALARM = 1e-3

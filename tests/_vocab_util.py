@@ -4,7 +4,7 @@ import os
 
 import sentencepiece as spm
 
-from spec_decode import vocab as vocab_lib
+from spec_decode.t5 import vocab as vocab_lib
 
 _WORDS = (
   'the quick brown fox jumps over lazy dog and cat sat on mat while '

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import cache as cache_lib
+from spec_decode.t5 import cache as cache_lib
 
 
 @pytest.mark.parametrize('batch,tokens', [(1, 1), (1, 3), (3, 1), (3, 2)])

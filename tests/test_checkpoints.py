@@ -20,11 +20,11 @@ import pytest
 import gin
 import spec_decode as sd
 from spec_decode import checkpoints
-from spec_decode import convert
-from spec_decode import gin_models
-from spec_decode import hf_checkpoint
-from spec_decode import t5x_checkpoint
-from spec_decode.checkpoint_io import CheckpointError
+from spec_decode.checkpoints import convert
+from spec_decode.checkpoints import gin_model
+from spec_decode.checkpoints import huggingface
+from spec_decode.checkpoints import t5x
+from spec_decode.checkpoints.assemble import CheckpointError
 
 V11 = sd.T5Config(
   vocab_size=192, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24,
@@ -110,7 +110,7 @@ def test_orbax_config_mismatch_names_parameters(model, tmp_path):
 # -- T5X ----------------------------------------------------------------------
 def test_t5x_layout(model, tmp_path):
   ckpt = tmp_path / 'checkpoint_100'
-  t5x_checkpoint.save(model, str(ckpt), step=100)
+  t5x.save(model, str(ckpt), step=100)
   assert (ckpt / 'checkpoint').is_file()
   assert (ckpt / 'target.token_embedder.embedding' / '.zarray').is_file()
   with open(ckpt / 'checkpoint', 'rb') as f:
@@ -128,7 +128,7 @@ def test_t5x_layout(model, tmp_path):
 
 
 def test_t5x_loads_and_decodes_like_source(model, tmp_path):
-  t5x_checkpoint.save(model, str(tmp_path / 'checkpoint_7'), step=7)
+  t5x.save(model, str(tmp_path / 'checkpoint_7'), step=7)
   loaded = sd.Model.load(
     str(tmp_path / 'checkpoint_7'), config=model.config,
     vocabulary=model.vocabulary,
@@ -137,7 +137,7 @@ def test_t5x_loads_and_decodes_like_source(model, tmp_path):
   assert loaded.vocabulary == model.vocabulary
   np.testing.assert_array_equal(_greedy(loaded, ENC), _greedy(model, ENC))
   # A T5X model directory: the latest checkpoint_<step> is loaded.
-  t5x_checkpoint.save(
+  t5x.save(
     sd.Model.init(model.config, seed=9), str(tmp_path / 'checkpoint_3')
   )
   latest = sd.Model.load(str(tmp_path), config=model.config)
@@ -145,16 +145,16 @@ def test_t5x_loads_and_decodes_like_source(model, tmp_path):
 
 
 def test_t5x_with_gin_file_and_bfloat16(tmp_path):
-  cfg = gin_models.config_from_gin('models/t5_1_1/tiny.gin', vocab_size=64)
+  cfg = gin_model.config_from_gin('models/t5_1_1/tiny.gin', vocab_size=64)
   gin_file = tmp_path / 'tiny64.gin'
   gin_file.write_text(
     'from __gin__ import dynamic_registration\n'
-    'from spec_decode import config\n'
+    'from spec_decode.t5 import config\n'
     "include 'models/t5_1_1/tiny.gin'\n"
     'config.T5Config.vocab_size = 64\n'
   )
   m = sd.Model.init(cfg, seed=0)
-  t5x_checkpoint.save(m, str(tmp_path / 'ckpt'))
+  t5x.save(m, str(tmp_path / 'ckpt'))
   loaded = sd.Model.load(
     str(tmp_path / 'ckpt'), gin_file=str(gin_file), dtype='bfloat16'
   )
@@ -167,7 +167,7 @@ def test_t5x_with_gin_file_and_bfloat16(tmp_path):
 def test_t5x_reads_legacy_and_msgpack_leaves(model, tmp_path):
   """Old-TensorStore `path` beside `kvstore`; small arrays inline."""
   ckpt = tmp_path / 'ckpt'
-  t5x_checkpoint.save(model, str(ckpt))
+  t5x.save(model, str(ckpt))
   with open(ckpt / 'checkpoint', 'rb') as f:
     state = flax.serialization.msgpack_restore(f.read())
   target = state['optimizer']['target']
@@ -183,13 +183,13 @@ def test_t5x_reads_legacy_and_msgpack_leaves(model, tmp_path):
 
 
 def test_t5x_needs_hyperparameters(model, tmp_path):
-  t5x_checkpoint.save(model, str(tmp_path / 'ckpt'))
+  t5x.save(model, str(tmp_path / 'ckpt'))
   with pytest.raises(ValueError, match='gin_file'):
     sd.Model.load(str(tmp_path / 'ckpt'))
 
 
 def test_t5x_shape_mismatch(model, tmp_path):
-  t5x_checkpoint.save(model, str(tmp_path / 'ckpt'))
+  t5x.save(model, str(tmp_path / 'ckpt'))
   wrong = model.config.replace(num_heads=4, head_dim=4)
   with pytest.raises(CheckpointError, match='rel_embedding.*config'):
     sd.Model.load(str(tmp_path / 'ckpt'), config=wrong)
@@ -200,7 +200,7 @@ def test_t5x_shape_mismatch(model, tmp_path):
 
 def test_t5x_missing_array_names_it(model, tmp_path):
   ckpt = tmp_path / 'ckpt'
-  t5x_checkpoint.save(model, str(ckpt))
+  t5x.save(model, str(ckpt))
   shutil.rmtree(ckpt / 'target.decoder.decoder_norm.scale')
   with pytest.raises(CheckpointError, match='decoder_norm'):
     sd.Model.load(str(ckpt), config=model.config)
@@ -214,7 +214,7 @@ def test_t5x_corrupt_msgpack(tmp_path):
 
 # -- Hugging Face (written by our own writer: no torch needed) ----------------
 def test_hf_safetensors_round_trip(model, tmp_path):
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
   loaded = sd.Model.load(str(tmp_path / 'hf'))
   assert loaded.config == model.config.replace(dropout_rate=0.1)
   assert loaded.vocabulary == model.vocabulary
@@ -222,7 +222,7 @@ def test_hf_safetensors_round_trip(model, tmp_path):
 
 
 def test_hf_sharded_index(model, tmp_path):
-  hf_checkpoint.save_safetensors(
+  huggingface.save_safetensors(
     model, str(tmp_path / 'hf'), max_shard_bytes=4000
   )
   assert (tmp_path / 'hf' / 'model.safetensors.index.json').is_file()
@@ -231,7 +231,7 @@ def test_hf_sharded_index(model, tmp_path):
 
 
 def test_hf_missing_shard(model, tmp_path):
-  hf_checkpoint.save_safetensors(
+  huggingface.save_safetensors(
     model, str(tmp_path / 'hf'), max_shard_bytes=4000
   )
   shard = sorted((tmp_path / 'hf').glob('model-*.safetensors'))[1]
@@ -241,7 +241,7 @@ def test_hf_missing_shard(model, tmp_path):
 
 
 def test_hf_truncated_safetensors(model, tmp_path):
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
   file = tmp_path / 'hf' / 'model.safetensors'
   data = file.read_bytes()
   file.write_bytes(data[: len(data) - 100])
@@ -253,7 +253,7 @@ def test_hf_truncated_safetensors(model, tmp_path):
 
 
 def test_hf_config_disagreeing_with_weights(model, tmp_path):
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
   cfg_file = tmp_path / 'hf' / 'config.json'
   cfg = json.loads(cfg_file.read_text())
   cfg['d_ff'] = 32
@@ -267,7 +267,7 @@ def test_hf_config_disagreeing_with_weights(model, tmp_path):
 
 
 def test_hf_bad_config(model, tmp_path):
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
   cfg_file = tmp_path / 'hf' / 'config.json'
   cfg = json.loads(cfg_file.read_text())
   cfg_file.write_text(json.dumps(dict(cfg, feed_forward_proj='gated-tanh')))
@@ -283,7 +283,7 @@ def test_hf_bfloat16_safetensors(model, tmp_path):
   """bfloat16 files (numpy cannot name the dtype) load through the header."""
   from safetensors.numpy import save_file  # noqa: PLC0415
 
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
   file = str(tmp_path / 'hf' / 'model.safetensors')
   from safetensors import safe_open  # noqa: PLC0415
 
@@ -323,7 +323,7 @@ def test_unknown_format(tmp_path):
 
 
 def test_hf_dir_without_weights_is_unknown(model, tmp_path):
-  hf_checkpoint.save_safetensors(model, str(tmp_path))
+  huggingface.save_safetensors(model, str(tmp_path))
   os.remove(tmp_path / 'model.safetensors')
   with pytest.raises(CheckpointError, match='unknown checkpoint format'):
     sd.Model.load(str(tmp_path))
@@ -363,7 +363,7 @@ def test_draft_and_target_vocabularies_must_match(model, tmp_path):
   ],
 )
 def test_gin_model_files(name, emb, heads, head_dim, mlp, layers, acts):
-  cfg = gin_models.config_from_gin(f'models/{name}.gin')
+  cfg = gin_model.config_from_gin(f'models/{name}.gin')
   assert (cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim) == (
     emb, heads, head_dim, mlp,
   )  # fmt: skip
@@ -377,13 +377,13 @@ def test_gin_model_files(name, emb, heads, head_dim, mlp, layers, acts):
 def test_gin_files_are_small_diffs():
   """Every size file includes a family's base.gin and stays a short diff."""
   bases = set()
-  for path in sorted(os.listdir(os.path.join(gin_models.GIN_DIR, 'models'))):
+  for path in sorted(os.listdir(os.path.join(gin_model.GIN_DIR, 'models'))):
     if os.path.isfile(
-      os.path.join(gin_models.GIN_DIR, 'models', path, 'base.gin')
+      os.path.join(gin_model.GIN_DIR, 'models', path, 'base.gin')
     ):
       bases.add(f"include 'models/{path}/base.gin'")
-  for path in sorted(os.listdir(os.path.join(gin_models.GIN_DIR, 'models'))):
-    family = os.path.join(gin_models.GIN_DIR, 'models', path)
+  for path in sorted(os.listdir(os.path.join(gin_model.GIN_DIR, 'models'))):
+    family = os.path.join(gin_model.GIN_DIR, 'models', path)
     for name in os.listdir(family):
       text = open(os.path.join(family, name)).read()
       code = [ln for ln in text.splitlines() if ln and not ln.startswith('#')]
@@ -395,14 +395,14 @@ def test_gin_files_are_small_diffs():
 
 def test_gin_overrides_and_isolation():
   gin.clear_config()
-  gin.bind_parameter('spec_decode.config.T5Config.emb_dim', 3)
-  cfg = gin_models.config_from_gin(
+  gin.bind_parameter('spec_decode.t5.config.T5Config.emb_dim', 3)
+  cfg = gin_model.config_from_gin(
     't5_1_1_tiny', bindings=("ACTIVATION_DTYPE = 'bfloat16'",), vocab_size=96
   )
   assert cfg.vocab_size == 96 and cfg.dtype == jnp.bfloat16
   assert cfg.emb_dim == 8
   # The caller's own gin binding survives.
-  assert gin.query_parameter('spec_decode.config.T5Config.emb_dim') == 3
+  assert gin.query_parameter('spec_decode.t5.config.T5Config.emb_dim') == 3
   gin.clear_config()
 
 
@@ -411,18 +411,18 @@ def test_model_from_gin():
   assert m.config.vocab_size == 64 and m.config.logits_via_embedding
   assert m.params['token_embedder']['embedding'].shape == (64, 8)
   with pytest.raises(FileNotFoundError, match='t5_9_9'):
-    gin_models.config_from_gin('models/t5_9_9/base.gin')
+    gin_model.config_from_gin('models/t5_9_9/base.gin')
 
 
 def test_convert_hf_and_t5x(model, tmp_path, capsys):
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
   assert convert.main(['--from', str(tmp_path / 'hf'), '--to',
                        str(tmp_path / 'out_hf')]) == 0  # fmt: skip
   out = sd.Model.load(str(tmp_path / 'out_hf'))
   _assert_same_params(out.params, model.params)
   assert out.vocabulary == model.vocabulary
 
-  t5x_checkpoint.save(model, str(tmp_path / 't5x'))
+  t5x.save(model, str(tmp_path / 't5x'))
   cfg_file = tmp_path / 'cfg.json'
   cfg_file.write_text(model.config.to_json())
   spm = tmp_path / 'spiece.model'
@@ -446,8 +446,8 @@ def test_convert_hf_and_t5x(model, tmp_path, capsys):
 
 def test_checkpoints_detect_format(model, tmp_path):
   model.save(str(tmp_path / 'ours'))
-  hf_checkpoint.save_safetensors(model, str(tmp_path / 'hf'))
-  t5x_checkpoint.save(model, str(tmp_path / 't5x' / 'checkpoint_5'))
+  huggingface.save_safetensors(model, str(tmp_path / 'hf'))
+  t5x.save(model, str(tmp_path / 't5x' / 'checkpoint_5'))
   assert checkpoints.detect_format(str(tmp_path / 'ours'))[0] == 'orbax'
   assert checkpoints.detect_format(str(tmp_path / 'hf'))[0] == 'huggingface'
   fmt, d = checkpoints.detect_format(str(tmp_path / 't5x'))

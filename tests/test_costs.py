@@ -7,7 +7,7 @@ import math
 
 import jax.numpy as jnp
 
-from spec_decode import costs
+from spec_decode.core import costs
 
 
 def test_measure_reports_c_and_v(target, near_draft):

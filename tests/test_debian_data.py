@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from spec_decode import debian_data
+from spec_decode.data import debian
 
 _EN_TEMPLATE = """\
 Package: {pkg}
@@ -103,7 +103,7 @@ def test_split_paragraphs_cleans_markers_bullets_and_whitespace():
     ' First  line\n  of\tparagraph one.\n .\n Items:\n  * alpha\n'
     '  - beta\n    continued\n  o gamma\n .\n .\n'
   )
-  assert debian_data.split_paragraphs(long) == (
+  assert debian.split_paragraphs(long) == (
     'First line of paragraph one.',
     'Items: * alpha * beta continued * gamma',
   )
@@ -115,7 +115,7 @@ def test_parse_translation_file_reads_synopsis_and_paragraphs():
     ' Long text\n here.\n .\n Second.\n\nPackage: q\n'
     'Description-md5: def\nDescription-en: no long text\n'
   )
-  descs = list(debian_data.parse_translation_file(text, 'en'))
+  descs = list(debian.parse_translation_file(text, 'en'))
   assert [d.md5 for d in descs] == ['abc', 'def']
   assert descs[0].synopsis == 'short one'
   assert descs[0].paragraphs == ('Long text here.', 'Second.')
@@ -126,11 +126,11 @@ def test_build_writes_tasks_splits_and_manifest(tmp_path):
   lists = tmp_path / 'lists'
   md5s = write_fixture(str(lists))
   out = tmp_path / 'out'
-  manifest = debian_data.build(str(out), str(lists))
+  manifest = debian.build(str(out), str(lists))
 
   counts = manifest['counts']
   for task in ('ende', 'summarize'):
-    for split in debian_data.SPLITS:
+    for split in debian.SPLITS:
       rows = _read_rows(out / task / f'{split}.tsv')
       assert len(rows) == counts[task][split]
       assert rows == sorted(rows)
@@ -141,7 +141,7 @@ def test_build_writes_tasks_splits_and_manifest(tmp_path):
   # the shared 'Features' paragraph and the two 'This package contains'
   # variants; plus the odd one's synopsis.
   ende = [
-    r for s in debian_data.SPLITS for r in _read_rows(out / 'ende' / f'{s}.tsv')
+    r for s in debian.SPLITS for r in _read_rows(out / 'ende' / f'{s}.tsv')
   ]
   sources = [r[1] for r in ende]
   assert len(sources) == len(set(sources))
@@ -158,7 +158,7 @@ def test_build_writes_tasks_splits_and_manifest(tmp_path):
   # Untranslated descriptions still feed summarization.
   summ = {
     r[0]: r
-    for s in debian_data.SPLITS
+    for s in debian.SPLITS
     for r in _read_rows(out / 'summarize' / f'{s}.tsv')
   }
   assert summ[md5s[3]][2] == 'sorter of imaginary widgets, flavour 3'
@@ -169,37 +169,37 @@ def test_build_writes_tasks_splits_and_manifest(tmp_path):
   with open(srcs['de']['path'], 'rb') as f:
     assert srcs['de']['sha256'] == hashlib.sha256(f.read()).hexdigest()
   assert srcs['de']['path'].endswith('Translation-de.gz')
-  assert debian_data.load_manifest(str(out)) == manifest
+  assert debian.load_manifest(str(out)) == manifest
 
 
 def test_splits_are_deterministic_and_follow_the_hash(tmp_path):
   lists = tmp_path / 'lists'
   write_fixture(str(lists), n=80)
   out_a, out_b = tmp_path / 'a', tmp_path / 'b'
-  debian_data.build(str(out_a), str(lists))
+  debian.build(str(out_a), str(lists))
   shutil.copytree(lists, tmp_path / 'lists2')
-  debian_data.build(str(out_b), str(tmp_path / 'lists2'))
-  for task in debian_data.TASK_DIRS:
-    for split in debian_data.SPLITS:
+  debian.build(str(out_b), str(tmp_path / 'lists2'))
+  for task in debian.TASK_DIRS:
+    for split in debian.SPLITS:
       a = (out_a / task / f'{split}.tsv').read_bytes()
       b = (out_b / task / f'{split}.tsv').read_bytes()
       assert a == b
       if task == 'ende':
         for _, source, _ in _read_rows(out_a / task / f'{split}.tsv'):
-          assert debian_data.split_of(source) == split
+          assert debian.split_of(source) == split
   # Every split of the bigger fixture gets examples.
-  counts = debian_data.load_manifest(str(out_a))['counts']
+  counts = debian.load_manifest(str(out_a))['counts']
   assert all(n > 0 for n in counts['summarize'].values())
 
 
 def test_split_of_respects_fractions():
   keys = [f'key{i}' for i in range(2000)]
-  assert {debian_data.split_of(k, (1.0, 0.0, 0.0)) for k in keys} == {'train'}
-  splits = [debian_data.split_of(k) for k in keys]
+  assert {debian.split_of(k, (1.0, 0.0, 0.0)) for k in keys} == {'train'}
+  splits = [debian.split_of(k) for k in keys]
   assert 0.85 < splits.count('train') / len(keys) < 0.95
-  assert splits == [debian_data.split_of(k) for k in keys]
+  assert splits == [debian.split_of(k) for k in keys]
   with pytest.raises(ValueError):
-    debian_data.split_of('k', (0.5, 0.5, 0.5))
+    debian.split_of('k', (0.5, 0.5, 0.5))
 
 
 def test_package_family_shares_a_summarization_split(tmp_path):
@@ -214,10 +214,10 @@ def test_package_family_shares_a_summarization_split(tmp_path):
   path = lists / 'mirror_debian_dists_x_main_i18n_Translation-en'
   path.write_text(path.read_text() + '\n' + family)
   out = tmp_path / 'out'
-  debian_data.build(str(out), str(lists))
+  debian.build(str(out), str(lists))
   family_splits = {
     split
-    for split in debian_data.SPLITS
+    for split in debian.SPLITS
     for _, _, target in _read_rows(out / 'summarize' / f'{split}.tsv')
     if target.startswith('family member')
   }
@@ -225,12 +225,12 @@ def test_package_family_shares_a_summarization_split(tmp_path):
 
 
 def test_missing_source_says_what_to_run(tmp_path):
-  with pytest.raises(debian_data.SourceMissingError) as err:
-    debian_data.build(str(tmp_path / 'out'), str(tmp_path / 'empty'))
+  with pytest.raises(debian.SourceMissingError) as err:
+    debian.build(str(tmp_path / 'out'), str(tmp_path / 'empty'))
   message = str(err.value)
   assert 'apt-get -o Acquire::Languages=de,en update' in message
   out_dir = str(tmp_path / 'out')
-  assert f'python -m spec_decode.debian_data --out_dir {out_dir}' in message
+  assert f'python -m spec_decode.data.debian --out_dir {out_dir}' in message
   assert not (tmp_path / 'out').exists()
 
 
@@ -239,18 +239,18 @@ def test_missing_german_is_reported(tmp_path):
   write_fixture(str(lists))
   for path in lists.glob('*Translation-de*'):
     path.unlink()
-  with pytest.raises(debian_data.SourceMissingError, match='Translation-de'):
-    debian_data.build(str(tmp_path / 'out'), str(lists))
+  with pytest.raises(debian.SourceMissingError, match='Translation-de'):
+    debian.build(str(tmp_path / 'out'), str(lists))
 
 
 def test_cli_builds_and_reports_missing_source(tmp_path, capsys):
   lists = tmp_path / 'lists'
   write_fixture(str(lists), compress_de=False)
   out = tmp_path / 'out'
-  rc = debian_data.main(['--out_dir', str(out), '--lists_dir', str(lists)])
+  rc = debian.main(['--out_dir', str(out), '--lists_dir', str(lists)])
   assert rc == 0
   assert 'ende: train' in capsys.readouterr().out
-  rc = debian_data.main(
+  rc = debian.main(
     ['--out_dir', str(out), '--lists_dir', str(tmp_path / 'nothing')]
   )
   assert rc == 1
@@ -261,9 +261,9 @@ def test_ensure_built_reuses_an_existing_build(tmp_path):
   lists = tmp_path / 'lists'
   write_fixture(str(lists))
   out = str(tmp_path / 'out')
-  first = debian_data.ensure_built(out, str(lists))
+  first = debian.ensure_built(out, str(lists))
   shutil.rmtree(lists)  # The sources are no longer needed.
-  assert debian_data.ensure_built(out, str(lists)) == first
+  assert debian.ensure_built(out, str(lists)) == first
 
 
 def test_lz4_and_xz_sources_are_read(tmp_path):
@@ -273,29 +273,29 @@ def test_lz4_and_xz_sources_are_read(tmp_path):
   write_fixture(str(lists), compress_de=False)
   de = next(lists.glob('*Translation-de'))
   en = next(lists.glob('*Translation-en'))
-  expected = debian_data.build(str(tmp_path / 'plain'), str(lists))['counts']
+  expected = debian.build(str(tmp_path / 'plain'), str(lists))['counts']
   with lzma.open(str(en) + '.xz', 'wb') as f:
     f.write(en.read_bytes())
   en.unlink()
   if shutil.which('lz4'):
     subprocess.run(['lz4', '-q', str(de), str(de) + '.lz4'], check=True)
     de.unlink()
-  got = debian_data.build(str(tmp_path / 'packed'), str(lists))
+  got = debian.build(str(tmp_path / 'packed'), str(lists))
   assert got['counts'] == expected
   assert any(s['path'].endswith('.xz') for s in got['sources'])
 
 
 def test_fetch_refuses_without_root(monkeypatch):
-  monkeypatch.setattr(debian_data.shutil, 'which', lambda _: '/usr/bin/x')
-  monkeypatch.setattr(debian_data.os, 'geteuid', lambda: 1000)
-  with pytest.raises(debian_data.FetchError, match='sudo apt-get'):
-    debian_data.fetch()
+  monkeypatch.setattr(debian.shutil, 'which', lambda _: '/usr/bin/x')
+  monkeypatch.setattr(debian.os, 'geteuid', lambda: 1000)
+  with pytest.raises(debian.FetchError, match='sudo apt-get'):
+    debian.fetch()
 
 
 def test_fetch_without_apt_get(monkeypatch):
-  monkeypatch.setattr(debian_data.shutil, 'which', lambda _: None)
-  with pytest.raises(debian_data.FetchError, match='--lists_dir'):
-    debian_data.fetch()
+  monkeypatch.setattr(debian.shutil, 'which', lambda _: None)
+  with pytest.raises(debian.FetchError, match='--lists_dir'):
+    debian.fetch()
 
 
 def test_fetch_reports_offline(monkeypatch, tmp_path):
@@ -307,10 +307,10 @@ def test_fetch_reports_offline(monkeypatch, tmp_path):
       returncode=0, stdout='Err:1 http://deb.debian.org', stderr='W: failed'
     )
 
-  monkeypatch.setattr(debian_data.shutil, 'which', lambda _: '/usr/bin/x')
-  monkeypatch.setattr(debian_data.os, 'geteuid', lambda: 0)
-  monkeypatch.setattr(debian_data.subprocess, 'run', fake_run)
-  with pytest.raises(debian_data.FetchError, match='offline') as err:
-    debian_data.fetch(str(tmp_path))
+  monkeypatch.setattr(debian.shutil, 'which', lambda _: '/usr/bin/x')
+  monkeypatch.setattr(debian.os, 'geteuid', lambda: 0)
+  monkeypatch.setattr(debian.subprocess, 'run', fake_run)
+  with pytest.raises(debian.FetchError, match='offline') as err:
+    debian.fetch(str(tmp_path))
   assert 'W: failed' in str(err.value)
   assert calls == [['apt-get', '-o', 'Acquire::Languages=de,en', 'update']]

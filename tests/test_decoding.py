@@ -7,7 +7,7 @@ from conftest import encoder_batch
 from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode import decoding
+from spec_decode.core import loops
 
 MAX_LEN = 24
 
@@ -187,13 +187,13 @@ def test_table_model_as_target_and_as_draft(target, inputs, plain_greedy):
 def test_no_recompilation_for_new_inputs(target, near_draft):
   kwargs = dict(draft=near_draft, gamma=2, max_decode_len=10, temperature=1.0)
   sd.generate(target, encoder_batch(4, 6, 16, seed=1), seed=1, **kwargs)
-  before = decoding.speculative_decode_jit._cache_size()
+  before = loops.speculative_decode_jit._cache_size()
   for s in range(2, 5):
     sd.generate(target, encoder_batch(4, 6, 16, seed=s), seed=s, **kwargs)
   sd.generate(
     target, encoder_batch(4, 6, 16, seed=9), seed=np.arange(4), **kwargs
   )
-  assert decoding.speculative_decode_jit._cache_size() == before
+  assert loops.speculative_decode_jit._cache_size() == before
 
 
 def test_max_decode_len_one(target, near_draft, inputs):
@@ -220,10 +220,10 @@ BAD = [
 def test_bad_arguments_name_themselves(
   target, near_draft, inputs, kwargs, name
 ):
-  before = decoding.speculative_decode_jit._cache_size()
+  before = loops.speculative_decode_jit._cache_size()
   with pytest.raises(ValueError, match=name):
     sd.generate(target, inputs, draft=near_draft, **kwargs)
-  assert decoding.speculative_decode_jit._cache_size() == before
+  assert loops.speculative_decode_jit._cache_size() == before
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from _distribution_util import target_model
 from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode import speculative
+from spec_decode.core import verify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ResidualDroppingVerifier:
     greedy=False,
     num_proposed=None,
   ):
-    exact = speculative.ExactVerifier()(
+    exact = verify.ExactVerifier()(
       p,
       q,
       draft_tokens,

@@ -28,10 +28,10 @@ from _distribution_util import target_model
 from conftest import encoder_batch
 
 import spec_decode as sd
-from spec_decode import decoding
+from spec_decode.core import drafter
+from spec_decode.core import loops
 from spec_decode.drafters import Copy
 from spec_decode.drafters import NGram
-from spec_decode.drafters import base
 from spec_decode.drafters.copy import lookup
 
 MAX_LEN = 24
@@ -231,13 +231,13 @@ def test_ngram_save_load_round_trip(tmp_path):
 def test_ngram_propose_samples_from_the_reported_q():
   """Each proposed token is drawn from its own q given the earlier ones."""
   model = NGram.fit(CORPUS, n=2, vocab_size=6)
-  settings = decoding.DecodeSettings(
+  settings = loops.DecodeSettings(
     max_decode_len=8, sampler=sd.Sampler(temperature=1.0), gamma=3
   )
   batch = 20_000
   inputs = jnp.zeros((batch, 12), jnp.int32).at[:, 1].set(2)
   keys = jax.random.split(jax.random.key(0), batch * 3).reshape(batch, 3)
-  context = base.DraftContext(
+  context = drafter.DraftContext(
     inputs=inputs,
     length=jnp.ones((batch,), jnp.int32),
     encoder_tokens=jnp.ones((batch, 3), jnp.int32),

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from spec_decode import eval as eval_lib
-from spec_decode import eval_cli
+from spec_decode.eval import cli
+from spec_decode.eval import run as eval_lib
 
 REQUIRED_FIELDS = (
   'exact_match_fraction', 'alpha', 'speedup_measured', 'speedup_predicted',
@@ -217,7 +217,7 @@ def test_parse_gamma():
 def test_cli_runs_the_smoke_config(models, tmp_path, capsys):
   del models  # Only shares the compiled decode loops.
   out = str(tmp_path / 'cli')
-  code = eval_cli.main([
+  code = cli.main([
     '--gin_file=smoke_synthetic', '--gin.NUM_EXAMPLES=3',
     '--gin.SPLIT=validation', f'--output_dir={out}', '--no_progress',
   ])  # fmt: skip
@@ -232,7 +232,7 @@ def test_cli_runs_the_smoke_config(models, tmp_path, capsys):
 
 
 def test_cli_reports_a_missing_checkpoint(tmp_path, capsys):
-  code = eval_cli.main([
+  code = cli.main([
     '--gin_file=configs/demo_debian_ende.gin',
     '--gin.TARGET_CHECKPOINT=/nonexistent/target',
     f'--output_dir={tmp_path}',
@@ -242,27 +242,27 @@ def test_cli_reports_a_missing_checkpoint(tmp_path, capsys):
 
 
 def test_cli_names_a_required_macro(capsys):
-  assert eval_cli.main(['--gin_file=runs/eval.gin']) == 2
+  assert cli.main(['--gin_file=runs/eval.gin']) == 2
   err = capsys.readouterr().err
   assert 'is required' in err and '--gin.' in err
 
 
 def test_default_run_without_the_demo_pair_says_what_to_do(monkeypatch, capsys):
-  monkeypatch.setattr(eval_cli, 'DEMO_CHECKPOINTS', ('no/such/checkpoint',))
-  assert eval_cli.main([]) == 1
+  monkeypatch.setattr(cli, 'DEMO_CHECKPOINTS', ('no/such/checkpoint',))
+  assert cli.main([]) == 1
   err = capsys.readouterr().err
   assert 'no/such/checkpoint' in err and 'spec-decode train' in err
 
 
 def test_gin_flags_become_bindings():
-  assert eval_cli.binding_from_flag('--gin.GAMMA=7') == 'GAMMA = 7'
-  assert eval_cli.binding_from_flag('--gin.GAMMA=[3, 5]') == 'GAMMA = [3, 5]'
-  assert eval_cli.binding_from_flag('--gin.TASK=debian_ende') == (
+  assert cli.binding_from_flag('--gin.GAMMA=7') == 'GAMMA = 7'
+  assert cli.binding_from_flag('--gin.GAMMA=[3, 5]') == 'GAMMA = [3, 5]'
+  assert cli.binding_from_flag('--gin.TASK=debian_ende') == (
     "TASK = 'debian_ende'"
   )
-  assert eval_cli.binding_from_flag("--gin.GAMMA='auto'") == "GAMMA = 'auto'"
-  assert eval_cli.binding_from_flag('--gin.X=/a/b') == "X = '/a/b'"
-  assert eval_cli.binding_from_flag('--gin.X=None') == 'X = None'
-  assert eval_cli.binding_from_flag('--gin.X=@f()') == 'X = @f()'
+  assert cli.binding_from_flag("--gin.GAMMA='auto'") == "GAMMA = 'auto'"
+  assert cli.binding_from_flag('--gin.X=/a/b') == "X = '/a/b'"
+  assert cli.binding_from_flag('--gin.X=None') == 'X = None'
+  assert cli.binding_from_flag('--gin.X=@f()') == 'X = @f()'
   with pytest.raises(ValueError):
-    eval_cli.binding_from_flag('--gin.GAMMA')
+    cli.binding_from_flag('--gin.GAMMA')

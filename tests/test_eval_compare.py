@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
-from spec_decode import eval as eval_lib
-from spec_decode import eval_cli
-from spec_decode import eval_compare
-from spec_decode import eval_drafters
+from spec_decode.eval import cli
+from spec_decode.eval import compare
+from spec_decode.eval import drafters
+from spec_decode.eval import run as eval_lib
 
 RUN = dict(
   task='synthetic_tiny',
@@ -35,10 +35,10 @@ def models():
 
 def test_compare_runs_every_combination_and_labels_them(models, tmp_path):
   target, draft, vocab = models
-  bigram = eval_drafters.ngram_draft('synthetic_tiny', vocab, n=2)
-  copy = eval_drafters.copy_draft(vocab)
+  bigram = drafters.ngram_draft('synthetic_tiny', vocab, n=2)
+  copy = drafters.copy_draft(vocab)
   out = str(tmp_path / 'cmp')
-  rows = eval_compare.compare(
+  rows = compare.compare(
     drafts={'draft': draft, 'bigram': bigram, 'copy': copy},
     output_dir=out,
     target=target,
@@ -58,9 +58,9 @@ def test_compare_runs_every_combination_and_labels_them(models, tmp_path):
   copy_rows = [r for r in rows if r['drafter'] == 'copy']
   assert all(r['mean_proposed'] <= 3 for r in copy_rows)
   assert all(r['c'] > 0 for r in rows)  # Measured, not assumed.
-  with open(os.path.join(out, eval_compare.COMPARISON_JSON)) as f:
+  with open(os.path.join(out, compare.COMPARISON_JSON)) as f:
     assert json.load(f) == json.loads(json.dumps(rows))
-  with open(os.path.join(out, eval_compare.COMPARISON_MD)) as f:
+  with open(os.path.join(out, compare.COMPARISON_MD)) as f:
     table = f.read()
   assert '| bigram | 0 | 1 | - | 3 |' in table
   assert '100% identical' in table and 'exact (Algorithm 1)' in table
@@ -68,7 +68,7 @@ def test_compare_runs_every_combination_and_labels_them(models, tmp_path):
 
 def test_compare_lenience_and_dynamic_gamma_rows(models, tmp_path):
   target, draft, _ = models
-  rows = eval_compare.compare(
+  rows = compare.compare(
     drafts={'draft': draft},
     output_dir=str(tmp_path / 'len'),
     target=target,
@@ -80,7 +80,7 @@ def test_compare_lenience_and_dynamic_gamma_rows(models, tmp_path):
   assert len(rows) == 4
   lenient = [r for r in rows if r['lenience'] == 0.3]
   assert all(not r['exact_algorithm'] for r in lenient)
-  assert 'NOT exact' in eval_compare.table(lenient)
+  assert 'NOT exact' in compare.table(lenient)
   exact_dyn = [r for r in rows if r['lenience'] == 1.0 and r['dynamic_gamma']]
   assert exact_dyn[0]['exact_match_fraction'] == 1.0
   assert exact_dyn[0]['mean_proposed'] < 3.0
@@ -90,18 +90,18 @@ def test_compare_lenience_and_dynamic_gamma_rows(models, tmp_path):
 
 def test_compare_needs_drafts(tmp_path):
   with pytest.raises(ValueError, match='draft'):
-    eval_compare.compare(drafts={}, output_dir=str(tmp_path))
+    compare.compare(drafts={}, output_dir=str(tmp_path))
 
 
 def test_cli_runs_the_smoke_comparison(models, tmp_path, capsys):
   del models  # Shares the compiled loops.
   out = str(tmp_path / 'cli')
-  code = eval_cli.main([
+  code = cli.main([
     '--gin_file=smoke_compare', '--gin.NUM_EXAMPLES=2',
     f'--output_dir={out}', '--no_progress',
   ])  # fmt: skip
   assert code == 0
-  with open(os.path.join(out, eval_compare.COMPARISON_JSON)) as f:
+  with open(os.path.join(out, compare.COMPARISON_JSON)) as f:
     rows = json.load(f)
   assert [r['drafter'] for r in rows] == [
     'random tiny draft', 'random tiny draft', 'bigram', 'bigram', 'copy',
@@ -115,17 +115,17 @@ def test_resolve_vocabulary_from_a_checkpoint_dir(models, tmp_path):
   target, _, vocab = models
   path = str(tmp_path / 'ckpt')
   target.save(path)
-  assert eval_drafters.resolve_vocabulary(path) == vocab
-  assert eval_drafters.resolve_vocabulary(vocab) is vocab
+  assert drafters.resolve_vocabulary(path) == vocab
+  assert drafters.resolve_vocabulary(vocab) is vocab
   with pytest.raises(ValueError, match='vocabulary'):
-    eval_drafters.resolve_vocabulary(None)
+    drafters.resolve_vocabulary(None)
 
 
 def test_ngram_draft_fits_the_task_targets(models):
   target, _, vocab = models
-  seqs = eval_drafters.target_sequences('synthetic_tiny', vocab, 'train')
+  seqs = drafters.target_sequences('synthetic_tiny', vocab, 'train')
   assert all(s[-1] == sd.EOS_ID for s in seqs)
-  uni = eval_drafters.ngram_draft('synthetic_tiny', vocab, n=1)
+  uni = drafters.ngram_draft('synthetic_tiny', vocab, n=1)
   enc = np.asarray([vocab.encode('a test input') + [sd.EOS_ID]], np.int32)
   plain = sd.generate(target, enc, max_decode_len=10)
   out = sd.generate(target, enc, draft=uni, gamma=2, max_decode_len=10)

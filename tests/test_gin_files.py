@@ -12,9 +12,9 @@ import re
 import pytest
 
 import gin
-from spec_decode import eval as eval_lib
-from spec_decode import eval_cli
-from spec_decode import gin_models
+from spec_decode.checkpoints import gin_model
+from spec_decode.eval import cli
+from spec_decode.eval import run as eval_lib
 
 REPO = eval_lib.REPO_DIR
 GIN_FILES = sorted(
@@ -37,7 +37,7 @@ TABLE2_GAMMA = {
 @pytest.fixture(autouse=True)
 def clean_gin():
   gin.clear_config()
-  eval_cli.add_search_paths()
+  cli.add_search_paths()
   yield
   gin.clear_config()
 
@@ -108,14 +108,14 @@ def test_table2_configs_match_the_paper(key):
     f'models/t5_1_1/{draft}.gin'
   )
   for macro in ('%TARGET_MODEL_GIN', '%DRAFT_MODEL_GIN'):
-    assert os.path.isfile(gin_models.resolve(gin.query_parameter(macro)))
+    assert os.path.isfile(gin_model.resolve(gin.query_parameter(macro)))
 
 
 def test_demo_default_points_at_the_demo_pair():
-  _parse(os.path.join(REPO, 'configs', eval_cli.DEFAULT_CONFIG))
+  _parse(os.path.join(REPO, 'configs', cli.DEFAULT_CONFIG))
   assert (
     gin.query_parameter('%TARGET_CHECKPOINT'),
     gin.query_parameter('%DRAFT_CHECKPOINT'),
-  ) == eval_cli.DEMO_CHECKPOINTS
+  ) == cli.DEMO_CHECKPOINTS
   assert gin.query_parameter('%TASK') == 'debian_ende'
   assert gin.query_parameter('%TEMPERATURE') == 0.0

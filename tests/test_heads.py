@@ -13,15 +13,15 @@ from conftest import tiny_config
 
 import gin
 import spec_decode as sd
-from spec_decode import sampling
-from spec_decode import tasks
-from spec_decode import tokenizer
-from spec_decode import train as train_lib
-from spec_decode import train_heads
-from spec_decode.drafters import base
+from spec_decode.core import drafter
+from spec_decode.core import sampling
+from spec_decode.data import spm_trainer
+from spec_decode.data import tasks
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.heads import HeadsState
 from spec_decode.drafters.heads import target_projection
+from spec_decode.train import heads as train_heads
+from spec_decode.train import lm as train_lib
 
 EXTRA_IDS = 100
 PIECES = 68
@@ -108,7 +108,7 @@ def test_untrained_heads_predict_like_the_base_head(name, share, request):
 def _context(features, gamma, seed=0):
   batch = features.shape[0]
   keys = jax.random.split(jax.random.key(seed), (batch, gamma))
-  return base.DraftContext(
+  return drafter.DraftContext(
     inputs=jnp.zeros((batch, 8), jnp.int32),
     length=jnp.zeros((batch,), jnp.int32),
     encoder_tokens=jnp.ones((batch, 3), jnp.int32),
@@ -126,7 +126,7 @@ def _random_heads(m, num_heads=3):
 def test_propose_greedy_and_sampled(model):
   heads = _random_heads(model)
   assert heads.uses_target_features
-  assert base.is_drafter(heads)
+  assert drafter.is_drafter(heads)
   assert heads.vocab_size == 16
   features = jax.random.normal(jax.random.key(0), (5, 32))
   state = heads.init_draft(jnp.ones((5, 4), jnp.int32), 10)
@@ -247,7 +247,7 @@ def _synthetic_texts():
 def target_dir(tmp_path_factory):
   """A tiny target with a vocabulary, saved (train_heads loads a path)."""
   vocab = sd.Vocabulary(
-    tokenizer.train_sentencepiece(
+    spm_trainer.train_sentencepiece(
       _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
     ),
     extra_ids=EXTRA_IDS,
@@ -316,7 +316,7 @@ def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
   settings.pop('progress')
   lines = [
     'from __gin__ import dynamic_registration',
-    'from spec_decode import train_heads',
+    'from spec_decode.train import heads as train_heads',
     'MODEL_DIR = %gin.REQUIRED',
     'train_heads.train_heads:',
     '  model_dir = %MODEL_DIR',

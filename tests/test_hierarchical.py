@@ -34,12 +34,12 @@ from conftest import tiny_config
 from test_distribution import ResidualDroppingVerifier
 
 import spec_decode as sd
-from spec_decode import sampling
-from spec_decode.drafters import base
+from spec_decode.core import drafter
+from spec_decode.core import sampling
+from spec_decode.core.generation import row_keys
 from spec_decode.drafters.hierarchical import Hierarchical
 from spec_decode.drafters.hierarchical import summarize
-from spec_decode.generation import row_keys
-from spec_decode.models import shift_right
+from spec_decode.models.t5_model import shift_right
 
 BATCH = 4_000
 
@@ -153,7 +153,7 @@ def _settings(temperature, gamma=G_INNER):
 def _context(inputs, length, seeds, enc, gamma=G_INNER):
   positions = length[:, None] + 1 + jnp.arange(gamma)[None]
   keys = row_keys(np.asarray(seeds), len(seeds))
-  return base.DraftContext(
+  return drafter.DraftContext(
     inputs=jnp.asarray(inputs, jnp.int32),
     length=jnp.asarray(length, jnp.int32),
     encoder_tokens=jnp.asarray(enc),

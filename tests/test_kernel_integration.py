@@ -19,9 +19,9 @@ from conftest import perturbed
 from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode import models
-from spec_decode import network
 from spec_decode.kernels import ops
+from spec_decode.models import t5_model
+from spec_decode.t5 import network
 
 needs_kernel = pytest.mark.skipif(
   not ops.available(), reason=f'kernel unavailable: {ops.info()}'
@@ -139,7 +139,7 @@ def test_kernel_off_is_the_canonical_path(monkeypatch):
   monkeypatch.setenv('SPEC_DECODE_KERNEL', '0')
   env_off = sd.Model.init(cfg, seed=0)
   assert env_off.packed is None
-  assert not models.cpu_kernel_enabled(cfg)
+  assert not t5_model.cpu_kernel_enabled(cfg)
   jax.tree.map(np.testing.assert_array_equal, env_off.params, off.params)
 
 

@@ -17,7 +17,7 @@ from conftest import tiny_config
 from scipy import stats
 
 import spec_decode as sd
-from spec_decode import speculative
+from spec_decode.core import verify
 
 # ----------------------------------------------------------- lenient sampling
 
@@ -123,7 +123,7 @@ def test_bad_lenience_is_rejected(far_pair):
       ENC,
       draft=draft,
       lenience=0.5,
-      verifier=speculative.ExactVerifier(),
+      verifier=verify.ExactVerifier(),
     )
 
 

@@ -4,19 +4,19 @@ import math
 
 import pytest
 
-from spec_decode import metrics
+from spec_decode.data import quality
 
 
 def test_bleu_identical_and_disjoint():
   refs = ['the cat sat on the mat .', 'a dog barks']
-  assert metrics.compute('bleu', refs, refs)['bleu'] == pytest.approx(100.0)
-  assert metrics.compute('bleu', ['x y z w'], ['a b c d'])['bleu'] == 0.0
+  assert quality.compute('bleu', refs, refs)['bleu'] == pytest.approx(100.0)
+  assert quality.compute('bleu', ['x y z w'], ['a b c d'])['bleu'] == 0.0
 
 
 def test_bleu_brevity_penalty():
   # All n-gram precisions are 1; the hypothesis has 4 of the reference's 6
   # tokens, so BLEU = 100 * exp(1 - 6 / 4).
-  got = metrics.bleu(['a b c d'], ['a b c d e f'])['bleu']
+  got = quality.bleu(['a b c d'], ['a b c d e f'])['bleu']
   assert got == pytest.approx(100.0 * math.exp(-0.5), rel=1e-6)
 
 
@@ -26,11 +26,11 @@ def test_bleu_is_corpus_level():
   refs = ['a b c d', 'e f g x']
   # Pooled precisions: 1-grams 7/8, 2-grams 5/6, 3-grams 3/4, 4-grams 1/2.
   expected = 100.0 * (7 / 8 * 5 / 6 * 3 / 4 * 1 / 2) ** 0.25
-  assert metrics.bleu(preds, refs)['bleu'] == pytest.approx(expected)
+  assert quality.bleu(preds, refs)['bleu'] == pytest.approx(expected)
 
 
 def test_rouge_known_values():
-  got = metrics.compute('rouge', ['the cat sat'], ['the cat sat on the mat'])
+  got = quality.compute('rouge', ['the cat sat'], ['the cat sat on the mat'])
   assert set(got) == {'rouge1', 'rouge2', 'rougeL'}
   # ROUGE-1: P = 3/3, R = 3/6 -> F = 2/3. ROUGE-2: P = 2/2, R = 2/5 -> F =
   # 4/7. ROUGE-L: LCS 3 -> same as ROUGE-1.
@@ -41,7 +41,7 @@ def test_rouge_known_values():
 
 def test_rouge_stems_and_averages():
   # 'cats'/'cat' and 'running'/'run' match after Porter stemming.
-  got = metrics.rouge(
+  got = quality.rouge(
     ['cats running', 'completely different'], ['cat run', 'cat run']
   )
   assert got['rouge1'] == pytest.approx(50.0)
@@ -50,13 +50,13 @@ def test_rouge_stems_and_averages():
 
 
 def test_empty_and_mismatched_inputs():
-  assert metrics.compute('bleu', [], []) == {'bleu': 0.0}
-  assert metrics.compute('rouge', [], []) == {
+  assert quality.compute('bleu', [], []) == {'bleu': 0.0}
+  assert quality.compute('rouge', [], []) == {
     'rouge1': 0.0,
     'rouge2': 0.0,
     'rougeL': 0.0,
   }
   with pytest.raises(ValueError, match='2 predictions but 1 references'):
-    metrics.compute('bleu', ['a', 'b'], ['a'])
+    quality.compute('bleu', ['a', 'b'], ['a'])
   with pytest.raises(ValueError, match='Unknown metric'):
-    metrics.compute('meteor', ['a'], ['a'])
+    quality.compute('meteor', ['a'], ['a'])

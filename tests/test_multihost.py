@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from spec_decode import multihost
-from spec_decode.partitioning import Partitioner
+from spec_decode.parallel import multihost
+from spec_decode.parallel.partitioning import Partitioner
 
 
 @pytest.fixture

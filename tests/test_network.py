@@ -8,7 +8,7 @@ from conftest import encoder_batch
 from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode import network
+from spec_decode.t5 import network
 
 CONFIGS = {
   'v1_1': tiny_config(vocab_size=24),

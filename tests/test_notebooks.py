@@ -117,7 +117,7 @@ def _tiny_hf_checkpoint(path: str) -> None:
     transformers.T5ForConditionalGeneration(config).save_pretrained(path)
     return
   import spec_decode as sd  # pylint: disable=g-import-not-at-top
-  from spec_decode import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from spec_decode.checkpoints import huggingface  # pylint: disable=g-import-not-at-top
 
   cfg = sd.T5Config(
     vocab_size=64,
@@ -130,7 +130,7 @@ def _tiny_hf_checkpoint(path: str) -> None:
     mlp_activations=('gelu', 'linear'),
     dropout_rate=0.0,
   )
-  hf_checkpoint.save_safetensors(sd.Model.init(cfg), path)
+  huggingface.save_safetensors(sd.Model.init(cfg), path)
 
 
 def test_bring_your_own_checkpoint(monkeypatch, tmp_path):

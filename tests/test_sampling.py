@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_decode import sampling
-from spec_decode.sampling import Sampler
+from spec_decode.core import sampling
+from spec_decode.core.sampling import Sampler
 
 
 def _probs(sampler, logits):

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
-from spec_decode import multihost
-from spec_decode.partitioning import Partitioner
+from spec_decode.parallel import multihost
+from spec_decode.parallel.partitioning import Partitioner
 
 _DEVICES = 8
 _INNER = 'SPEC_DECODE_SHARDING_SUBPROCESS'

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import speculative
+from spec_decode.core import verify
 
 V = 4
 
@@ -18,7 +18,7 @@ def _verify(p, q, tokens, uniforms, lenience=1.0):
   p = jnp.asarray(p, jnp.float32)
   q = jnp.asarray(q, jnp.float32)
   bonus, residual = _keys(p.shape[0], q.shape[1])
-  return speculative.ExactVerifier(lenience)(
+  return verify.ExactVerifier(lenience)(
     p,
     q,
     jnp.asarray(tokens, jnp.int32),
@@ -84,12 +84,12 @@ def test_next_distribution_residual_and_bonus():
   p = jnp.array([[[0.5, 0.5, 0, 0], [0.1, 0.2, 0.3, 0.4]]])
   q = jnp.array([[[0.25, 0.25, 0.5, 0]]])
   np.testing.assert_allclose(
-    speculative.next_distribution(p, q, jnp.array([0])),
+    verify.next_distribution(p, q, jnp.array([0])),
     [[0.5, 0.5, 0, 0]],
     rtol=1e-6,
   )
   np.testing.assert_allclose(
-    speculative.next_distribution(p, q, jnp.array([1])),
+    verify.next_distribution(p, q, jnp.array([1])),
     [[0.1, 0.2, 0.3, 0.4]],
     rtol=1e-6,
   )
@@ -99,7 +99,7 @@ def test_degenerate_residual_falls_back_to_target():
   # p == q: the residual has no mass (rejection has probability 0).
   p = jnp.array([[[0.3, 0.7, 0, 0], [0.1, 0.2, 0.3, 0.4]]])
   q = p[:, :1]
-  dist = speculative.next_distribution(p, q, jnp.array([0]))
+  dist = verify.next_distribution(p, q, jnp.array([0]))
   np.testing.assert_allclose(dist, p[:, 0], rtol=1e-6)
   assert np.isfinite(np.asarray(dist)).all()
 
@@ -117,7 +117,7 @@ def test_beta_is_one_minus_total_variation():
   p = rng.dirichlet(np.ones(V), 5)
   q = rng.dirichlet(np.ones(V), 5)
   np.testing.assert_allclose(
-    speculative.beta(jnp.asarray(p), jnp.asarray(q)),
+    verify.beta(jnp.asarray(p), jnp.asarray(q)),
     1 - 0.5 * np.abs(p - q).sum(-1),
     rtol=1e-5,
   )
@@ -133,7 +133,7 @@ def test_greedy_path_equals_general_path_on_one_hots():
   general = _verify(
     _one_hot(target), _one_hot(draft), draft, rng.random((b, g))
   )
-  fast = speculative.ExactVerifier().greedy(
+  fast = verify.ExactVerifier().greedy(
     jnp.asarray(target), jnp.asarray(draft)
   )
   np.testing.assert_array_equal(fast.accepted, general.accepted)

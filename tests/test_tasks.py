@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from spec_decode import debian_data
-from spec_decode import metrics
-from spec_decode import tasks
+from spec_decode.data import debian
+from spec_decode.data import quality
+from spec_decode.data import tasks
 
 
 def _write_split(root, subdir, split, rows, header=True):
@@ -70,7 +70,7 @@ def test_debian_summarize_reader(tmp_path):
 
 def test_debian_reader_uses_env_data_dir(tmp_path, monkeypatch):
   _write_split(tmp_path, 'ende', 'train', [('x', 'One', 'Eins')], header=False)
-  monkeypatch.setenv(debian_data.DATA_DIR_ENV, str(tmp_path))
+  monkeypatch.setenv(debian.DATA_DIR_ENV, str(tmp_path))
   got = list(tasks.examples('debian_ende', 'train'))
   assert got == [
     {'inputs': 'translate English to German: One', 'targets': 'Eins'}
@@ -89,7 +89,7 @@ def test_missing_debian_data_says_how_to_build(tmp_path):
   with pytest.raises(FileNotFoundError) as err:
     next(tasks.examples(task, 'test'))
   assert (
-    f'python -m spec_decode.debian_data --out_dir {tmp_path / "none"}'
+    f'python -m spec_decode.data.debian --out_dir {tmp_path / "none"}'
     in str(err.value)
   )
 
@@ -114,7 +114,7 @@ def test_reads_what_the_builder_writes(tmp_path):
   (lists / 'm_i18n_Translation-en').write_text(en, encoding='utf-8')
   (lists / 'm_i18n_Translation-de').write_text(de, encoding='utf-8')
   out = tmp_path / 'data'
-  manifest = debian_data.build(str(out), str(lists))
+  manifest = debian.build(str(out), str(lists))
   for name, kind in (
     ('debian_ende', 'ende'),
     ('debian_summarize', 'summarize'),
@@ -173,7 +173,7 @@ def test_metric_of_a_task_scores_its_references():
   for name in ('synthetic_tiny', 'synthetic_tiny_summarize'):
     task = tasks.get_task(name)
     refs = [ex['targets'] for ex in tasks.examples(task, 'test')]
-    scores = metrics.compute(task.metric, refs, refs)
+    scores = quality.compute(task.metric, refs, refs)
     for value in scores.values():
       assert value == pytest.approx(100.0)
 

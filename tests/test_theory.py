@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spec_decode import theory
-from spec_decode import theory_cli
+from spec_decode.theory import cli
 
 # Table 1 of Leviathan et al. (2023): alpha, gamma, operations, speed
 # (c = c_hat = 0), printed to 2 decimals.
@@ -70,7 +70,7 @@ def test_table1_vectorized_and_cli_rows():
     theory.walltime_improvement(a, g, 0.0), speed, atol=0.005
   )
   np.testing.assert_allclose(theory.ops_increase(a, g, 0.0), ops, atol=0.005)
-  rows = theory_cli.table1()
+  rows = cli.table1()
   np.testing.assert_allclose([r['speed'] for r in rows], speed, atol=0.005)
   np.testing.assert_allclose([r['operations'] for r in rows], ops, atol=0.005)
 
@@ -272,7 +272,7 @@ def test_lenient_alpha_hand_computed():
 
 def test_cli_writes_figures(tmp_path, capsys):
   out_dir = tmp_path / 'theory'
-  code = theory_cli.main(
+  code = cli.main(
     [
       f'--out_dir={out_dir}',
       '--alphas=0.6,0.8,0.9',
@@ -285,7 +285,7 @@ def test_cli_writes_figures(tmp_path, capsys):
   assert 'Table 1' in printed and 'Optimal gamma' in printed
   for _, _, ops, speed in TABLE1:
     assert f'{ops:.2f}x' in printed and f'{speed:.2f}x' in printed
-  for name in theory_cli.FIGURE_FILES:
+  for name in cli.FIGURE_FILES:
     path = out_dir / name
     assert path.exists() and os.path.getsize(path) > 1000
     with open(path, 'rb') as f:
@@ -301,4 +301,4 @@ def test_cli_writes_figures(tmp_path, capsys):
 
 def test_cli_rejects_bad_alpha(tmp_path):
   with pytest.raises(SystemExit):
-    theory_cli.main([f'--out_dir={tmp_path}', '--alphas=0.5,1.5'])
+    cli.main([f'--out_dir={tmp_path}', '--alphas=0.5,1.5'])

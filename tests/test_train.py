@@ -10,13 +10,13 @@ from conftest import tiny_config
 
 import gin
 from spec_decode import checkpoints
-from spec_decode import gin_models
-from spec_decode import models
-from spec_decode import tasks
-from spec_decode import tokenizer
-from spec_decode import train as train_lib
-from spec_decode import vocab as vocab_lib
-from spec_decode.config import T5Config
+from spec_decode.checkpoints import gin_model
+from spec_decode.data import spm_trainer
+from spec_decode.data import tasks
+from spec_decode.models import t5_model
+from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.config import T5Config
+from spec_decode.train import lm as train_lib
 
 EXTRA_IDS = 100
 PIECES = 68
@@ -32,7 +32,7 @@ def _synthetic_texts():
 @pytest.fixture(scope='module')
 def vocab_file(tmp_path_factory):
   path = tmp_path_factory.mktemp('vocab') / 'spiece.model'
-  model = tokenizer.train_sentencepiece(
+  model = spm_trainer.train_sentencepiece(
     _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
   )
   path.write_bytes(model)
@@ -72,10 +72,10 @@ def _log(model_dir):
 
 
 def test_tokenizer_is_deterministic_with_t5_ids():
-  a = tokenizer.train_sentencepiece(
+  a = spm_trainer.train_sentencepiece(
     _synthetic_texts(), vocab_size=140, extra_ids=EXTRA_IDS
   )
-  b = tokenizer.train_sentencepiece(
+  b = spm_trainer.train_sentencepiece(
     _synthetic_texts(), vocab_size=140, extra_ids=EXTRA_IDS
   )
   assert a == b
@@ -100,16 +100,16 @@ def test_tokenizer_build_reads_debian_train_splits(tmp_path):
   for kind, items in rows.items():
     (data / kind).mkdir(parents=True)
     lines = ''.join('\t'.join(r) + '\n' for r in items * 40)
-    (data / kind / 'train.tsv').write_text(header + lines)
+    (data / kind / 'lm.tsv').write_text(header + lines)
   out = tmp_path / 'out' / 'spiece.model'
-  vocabulary = tokenizer.build(str(out), data_dir=str(data), vocab_size=125)
+  vocabulary = spm_trainer.build(str(out), data_dir=str(data), vocab_size=125)
   assert out.is_file()
   assert vocabulary.vocab_size == 125
   assert vocabulary.decode(vocabulary.encode('das rote Haus')) == (
     'das rote Haus'
   )
   assert (
-    tokenizer.main(
+    spm_trainer.main(
       [
         '--data_dir',
         str(data),
@@ -125,7 +125,7 @@ def test_tokenizer_build_reads_debian_train_splits(tmp_path):
 
 
 def test_tokenizer_missing_data_says_how_to_build(tmp_path, capsys):
-  code = tokenizer.main(
+  code = spm_trainer.main(
     [
       '--data_dir',
       str(tmp_path / 'none'),
@@ -134,7 +134,7 @@ def test_tokenizer_missing_data_says_how_to_build(tmp_path, capsys):
     ]
   )
   assert code == 1
-  assert 'spec_decode.debian_data' in capsys.readouterr().err
+  assert 'spec_decode.data.debian' in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ data.
@@ -262,7 +262,7 @@ def test_resume_continues_at_the_right_step_with_identical_state(
 def _random_teacher(path, vocab_file, **overrides):
   """An untrained model in `Model.save` format (a stand-in teacher)."""
   config = _config(**overrides)
-  params = models.Model.init(config, seed=5).params
+  params = t5_model.Model.init(config, seed=5).params
   train_lib.export_model(
     params, config, vocab_lib.Vocabulary.from_file(vocab_file), str(path)
   )
@@ -294,7 +294,7 @@ def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path, vocab_file):
 def test_distillation_rejects_another_vocabulary(tmp_path, vocab_file):
   other = tmp_path / 'other.model'
   other.write_bytes(
-    tokenizer.train_sentencepiece(
+    spm_trainer.train_sentencepiece(
       (t.upper() for t in _synthetic_texts()),
       vocab_size=PIECES + EXTRA_IDS,
       extra_ids=EXTRA_IDS,
@@ -326,20 +326,20 @@ def clean_gin():
 )
 def test_train_configs_parse(clean_gin, name, model_file):
   train_lib.parse_gin([name], ["MODEL_DIR = '/tmp/x'"])
-  assert gin.query_parameter('train.train.task') == 'debian_ende'
+  assert gin.query_parameter('lm.train.task') == 'debian_ende'
   assert gin.query_parameter('%MODEL_DIR') == '/tmp/x'
   cfg = gin.get_configurable(T5Config)()
-  assert cfg == gin_models.config_from_gin(model_file)
+  assert cfg == gin_model.config_from_gin(model_file)
   assert cfg.mlp_activations == ('gelu', 'linear')
-  assert cfg.vocab_size >= tokenizer.DEFAULT_VOCAB_SIZE
+  assert cfg.vocab_size >= spm_trainer.DEFAULT_VOCAB_SIZE
 
 
 def test_demo_draft_is_much_cheaper_per_step_than_the_target():
-  from spec_decode import bench  # pylint: disable=g-import-not-at-top
+  from spec_decode.bench import speed  # pylint: disable=g-import-not-at-top
 
-  target = models.Model.from_gin('models/demo/target.gin')
-  draft = models.Model.from_gin('models/demo/draft.gin')
-  ratio = bench.decoder_step_bytes(draft) / bench.decoder_step_bytes(target)
+  target = t5_model.Model.from_gin('models/demo/target.gin')
+  draft = t5_model.Model.from_gin('models/demo/draft.gin')
+  ratio = speed.decoder_step_bytes(draft) / speed.decoder_step_bytes(target)
   assert ratio < 0.1
 
 
@@ -356,13 +356,13 @@ def test_main_with_gin_file_and_flags(clean_gin, tmp_path, vocab_file):
   gin_file = tmp_path / 'run.gin'
   gin_file.write_text(
     'from __gin__ import dynamic_registration\n'
-    'from spec_decode import config\n'
-    'from spec_decode import train\n'
+    'from spec_decode.t5 import config\n'
+    'from spec_decode.train import lm\n'
     "include 'models/t5_1_1/tiny.gin'\n"
     'MODEL_DIR = %gin.REQUIRED\n'
     'config.T5Config:\n'
     f'  vocab_size = {cfg.vocab_size}\n'
-    'train.train:\n'
+    'lm.train:\n'
     '  model_dir = %MODEL_DIR\n'
     '  model_config = @config.T5Config()\n'
     f"  vocabulary_file = '{vocab_file}'\n"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
-from spec_decode import vocab as vocab_lib
+from spec_decode.t5 import vocab as vocab_lib
 
 
 @pytest.fixture(scope='module')

@@ -1,18 +1,18 @@
 """Drafters: what proposes tokens for the target to verify.
 
-Any language model (`spec_decode.protocol`) drafts through `ModelDrafter`;
+Any language model (`spec_decode.core.protocol`) drafts through `ModelDrafter`;
 the others implement the drafter protocol (`drafters.base`) directly.
 Pass any of them as `draft=` to `spec_decode.generate`.
 """
 
-from spec_decode.drafters.base import DraftContext
-from spec_decode.drafters.base import Drafter
-from spec_decode.drafters.base import Proposal
-from spec_decode.drafters.controlled import ControlledDraft
+from spec_decode.bench.controlled import ControlledDraft
+from spec_decode.core.drafter import DraftContext
+from spec_decode.core.drafter import Drafter
+from spec_decode.core.drafter import Proposal
+from spec_decode.core.model_drafter import ModelDrafter
 from spec_decode.drafters.copy import Copy
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.hierarchical import Hierarchical
-from spec_decode.drafters.model_drafter import ModelDrafter
 from spec_decode.drafters.ngram import NGram
 
 __all__ = [

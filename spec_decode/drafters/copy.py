@@ -25,8 +25,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.config import PAD_ID
-from spec_decode.drafters import base
+from spec_decode.core import drafter
+from spec_decode.t5.config import PAD_ID
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -62,8 +62,8 @@ class Copy:
     return None
 
   def propose(
-    self, state: None, context: base.DraftContext, settings: Any
-  ) -> tuple[base.Proposal, None]:
+    self, state: None, context: drafter.DraftContext, settings: Any
+  ) -> tuple[drafter.Proposal, None]:
     tokens, num = lookup(
       context.inputs,
       context.length,
@@ -75,7 +75,7 @@ class Copy:
     q = None
     if not settings.sampler.is_greedy:
       q = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
-    return base.Proposal(tokens=tokens, q=q, num=num), state
+    return drafter.Proposal(tokens=tokens, q=q, num=num), state
 
 
 def lookup(

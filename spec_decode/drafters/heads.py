@@ -16,7 +16,7 @@ projection (a checkpoint K times smaller in its largest tensor).
 
 Proposals are independent per head (no tree; a chain of G tokens), and
 `q[b, k]` is the sampler's distribution of head k + 1, the one its token was
-drawn from, so verification stays exact (`drafters/base.py`).
+drawn from, so verification stays exact (`drafters/drafter.py`).
 
 Checkpoint format (`Heads.save`): `params/` (orbax: `weights`, `biases`,
 `projection`), `heads.json` (num_heads, depth, emb_dim, vocab_size,
@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import checkpoints
-from spec_decode import sampling
-from spec_decode.drafters import base
+from spec_decode.core import drafter
+from spec_decode.core import sampling
 
 INFO_FILE = 'heads.json'
 
@@ -174,8 +174,8 @@ class Heads:
     return HeadsState(calls=jnp.zeros((encoder_tokens.shape[0],), jnp.int32))
 
   def propose(
-    self, state: HeadsState, context: base.DraftContext, settings: Any
-  ) -> tuple[base.Proposal, HeadsState]:
+    self, state: HeadsState, context: drafter.DraftContext, settings: Any
+  ) -> tuple[drafter.Proposal, HeadsState]:
     """Tokens n+1..n+G from heads 1..G, each drawn independently.
 
     Raises:
@@ -207,7 +207,7 @@ class Heads:
         ],
         axis=1,
       )
-    return base.full_proposal(tokens, q), state.replace(calls=state.calls + 1)
+    return drafter.full_proposal(tokens, q), state.replace(calls=state.calls + 1)
 
   # -- checkpoints ------------------------------------------------------------
   def save(self, path: str) -> None:

@@ -5,7 +5,7 @@ draft": `Hierarchical(draft_model, sub_draft, gamma=k)` is a drafter whose G
 tokens per outer iteration are `draft_model`'s own samples, produced by
 running Algorithm 1 one level down. Each inner iteration lets `sub_draft`
 propose k tokens, scores them with `draft_model` in ONE call of k + 1 inputs,
-verifies them with `speculative.ExactVerifier` (exact: no lenience inside),
+verifies them with `verify.ExactVerifier` (exact: no lenience inside),
 and appends the accepted tokens and the next one, until every row has at
 least G tokens (a `lax.while_loop` of at most G iterations, fixed shapes).
 The proposal's `q` is `draft_model`'s distribution (after the loop's sampler)
@@ -50,12 +50,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from spec_decode import sampling
-from spec_decode import speculative
-from spec_decode.drafters import base
-from spec_decode.drafters import model_drafter
-from spec_decode.protocol import DecodeState
-from spec_decode.protocol import LanguageModel
+from spec_decode.core import drafter
+from spec_decode.core import model_drafter
+from spec_decode.core import sampling
+from spec_decode.core import verify
+from spec_decode.core.protocol import DecodeState
+from spec_decode.core.protocol import LanguageModel
 
 # Purposes of inner draws, as in the outer loop (`decoding.py`).
 _SAMPLE, _ACCEPT, _RESIDUAL = 0, 1, 2
@@ -136,7 +136,7 @@ class HierarchicalState:
   """
 
   draft: DecodeState
-  sub: base.DraftState
+  sub: drafter.DraftState
   length: jax.Array
   reached: jax.Array
   sub_length: jax.Array
@@ -160,7 +160,7 @@ class _Inner:
   """
 
   draft: DecodeState
-  sub: base.DraftState
+  sub: drafter.DraftState
   inputs: jax.Array
   q: jax.Array | None
   drafted: jax.Array
@@ -220,7 +220,7 @@ class Hierarchical:
   sub_draft: Any
   gamma: int = flax.struct.field(pytree_node=False, default=2)
   verifier: Any = flax.struct.field(
-    pytree_node=False, default=speculative.ExactVerifier()
+    pytree_node=False, default=verify.ExactVerifier()
   )
   stats_callback: Callable[[InnerCounters], Any] | None = flax.struct.field(
     pytree_node=False, default=None
@@ -272,8 +272,8 @@ class Hierarchical:
     )
 
   def propose(
-    self, state: HierarchicalState, context: base.DraftContext, settings
-  ) -> tuple[base.Proposal, HierarchicalState]:
+    self, state: HierarchicalState, context: drafter.DraftContext, settings
+  ) -> tuple[drafter.Proposal, HierarchicalState]:
     """Proposes G = `settings.gamma` samples of the draft model per row.
 
     Returns:
@@ -293,7 +293,7 @@ class Hierarchical:
 
     def sub_context(inputs, length):
       rel = (length - n)[:, None] + 1 + jnp.arange(k)[None]
-      return base.DraftContext(
+      return drafter.DraftContext(
         inputs=inputs,
         length=length,
         encoder_tokens=context.encoder_tokens,
@@ -347,7 +347,7 @@ class Hierarchical:
     if self.stats_callback is not None:
       delta = jax.tree.map(jnp.subtract, carry.counters, state.counters)
       jax.debug.callback(self.stats_callback, delta)
-    return base.full_proposal(tokens, q), new_state
+    return drafter.full_proposal(tokens, q), new_state
 
   def _iteration(
     self, c, first, n, fresh, base_keys, sub_context, settings, inner_settings

@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import sampling
-from spec_decode.config import EOS_ID
-from spec_decode.config import PAD_ID
-from spec_decode.drafters import base
+from spec_decode.core import drafter
+from spec_decode.core import sampling
+from spec_decode.t5.config import EOS_ID
+from spec_decode.t5.config import PAD_ID
 
 _EMPTY = -1  # Key of an unused bucket (token ids are >= 0).
 
@@ -198,8 +198,8 @@ class NGram:
     return None
 
   def propose(
-    self, state: None, context: base.DraftContext, settings: Any
-  ) -> tuple[base.Proposal, None]:
+    self, state: None, context: drafter.DraftContext, settings: Any
+  ) -> tuple[drafter.Proposal, None]:
     """G tokens drawn autoregressively from q (via the loop's sampler)."""
     sampler = settings.sampler
     width = self.order - 1
@@ -215,7 +215,7 @@ class NGram:
       qs.append(q)
       window = jnp.concatenate([window[:, 1:], x[:, None]], axis=1)
     q = None if sampler.is_greedy else jnp.stack(qs, axis=1)
-    return base.full_proposal(jnp.stack(tokens, axis=1), q), state
+    return drafter.full_proposal(jnp.stack(tokens, axis=1), q), state
 
   # -- files ------------------------------------------------------------------
   def save(self, path: str) -> None:

@@ -1,0 +1,98 @@
+"""`spec-decode convert`: a Hugging Face or T5X checkpoint to our format.
+
+    spec-decode convert --from ~/hf/t5-v1_1-small --to ckpt/t5_1_1_small
+    spec-decode convert --from t5x/checkpoint_1000000 --to ckpt/xxl \\
+        --gin_file models/t5_1_1/xxl.gin --vocab cc_all.32000.100extra.model
+
+The output directory holds parameters (orbax), `config.json` and the
+vocabulary, and loads with `Model.load(DIR)` alone.
+"""
+
+import argparse
+import sys
+import time
+
+from spec_decode import checkpoints
+from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.config import T5Config
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+    prog='spec-decode convert',
+    description='Convert a Hugging Face T5 directory or a T5X checkpoint '
+    'into a spec_decode checkpoint directory.',
+  )
+  p.add_argument(
+    '--from',
+    dest='source',
+    required=True,
+    help='Hugging Face T5 directory or T5X checkpoint directory',
+  )
+  p.add_argument(
+    '--to', dest='target', required=True, help='new output directory'
+  )
+  p.add_argument(
+    '--gin_file',
+    help='gin model file with the hyperparameters (T5X), e.g. '
+    'models/t5_1_1/xxl.gin',
+  )
+  p.add_argument(
+    '--config', help='T5Config JSON file with the hyperparameters (T5X)'
+  )
+  p.add_argument(
+    '--vocab',
+    help='sentencepiece model to store with the weights (T5X checkpoints '
+    'carry none; overrides a Hugging Face spiece.model)',
+  )
+  p.add_argument(
+    '--extra_ids',
+    type=int,
+    default=vocab_lib.DEFAULT_EXTRA_IDS,
+    help='extra ids of --vocab (default %(default)s)',
+  )
+  p.add_argument('--dtype', help='parameter dtype to store (default: float32)')
+  return p
+
+
+def main(argv=None) -> int:
+  """Runs the conversion; returns a process exit code."""
+  args = _parser().parse_args(argv)
+  config = None
+  if args.config:
+    with open(args.config) as f:
+      config = T5Config.from_json(f.read())
+  vocabulary = None
+  if args.vocab:
+    vocabulary = vocab_lib.Vocabulary.from_file(
+      args.vocab, extra_ids=args.extra_ids
+    )
+  start = time.perf_counter()
+  try:
+    fmt, _ = checkpoints.detect_format(args.source)
+    model = checkpoints.load(
+      args.source,
+      config=config,
+      dtype=args.dtype,
+      gin_file=args.gin_file,
+      vocabulary=vocabulary,
+      progress=True,
+    )
+    checkpoints.save(model, args.target)
+  except (OSError, ValueError) as e:
+    print(f'spec-decode convert: error: {e}', file=sys.stderr)
+    return 1
+  print(
+    f'converted {fmt} checkpoint {args.source} -> {args.target}: {model} '
+    f'in {time.perf_counter() - start:.1f}s'
+  )
+  if model.vocabulary is None:
+    print(
+      'warning: no vocabulary stored (pass --vocab spiece.model)',
+      file=sys.stderr,
+    )
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,309 @@
+"""Loading and saving models: our orbax directories, Hugging Face, T5X.
+
+`load` detects the format of a directory:
+  * ours (written by `save`): `params/` (an orbax checkpoint of the parameter
+    tree), `config.json` (`T5Config.to_json`) and, when the model has one,
+    `spiece.model` plus `vocabulary.json` (`{"extra_ids": 100}`);
+  * a Hugging Face T5 directory (`config.json` + safetensors or torch
+    weights; see `hf_checkpoint`);
+  * a T5X checkpoint directory (`checkpoint` msgpack + zarr arrays; see
+    `t5x_checkpoint`), or a T5X model directory holding `checkpoint_<step>`
+    subdirectories (the latest step is loaded).
+
+Every format is read one tensor at a time, cast straight to the requested
+dtype, after the names and shapes were checked against the config.
+"""
+
+import json
+import os
+from typing import Any
+from typing import Callable
+
+import flax.traverse_util
+import jax
+import numpy as np
+
+from spec_decode.checkpoints import assemble
+from spec_decode.checkpoints import huggingface
+from spec_decode.checkpoints import t5x
+from spec_decode.checkpoints.assemble import CheckpointError
+from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.config import T5Config
+
+PARAMS_DIR = 'params'
+CONFIG_FILE = 'config.json'
+VOCAB_FILE = 'spiece.model'
+VOCAB_INFO_FILE = 'vocabulary.json'
+
+ORBAX = 'orbax'
+HUGGING_FACE = 'huggingface'
+T5X = 't5x'
+
+__all__ = ['CheckpointError', 'detect_format', 'load', 'save']
+
+
+def detect_format(path: str) -> tuple[str, str]:
+  """Returns `(format, directory)` for a checkpoint path.
+
+  Raises:
+    FileNotFoundError: `path` does not exist.
+    CheckpointError: `path` is no checkpoint this module knows.
+  """
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'checkpoint not found: {path}')
+  if os.path.isfile(path):
+    if os.path.basename(path) == t5x.CHECKPOINT_FILE:
+      return T5X, os.path.dirname(os.path.abspath(path))
+    raise CheckpointError(
+      f'{path} is a file; pass the checkpoint directory (ours, Hugging Face '
+      'or T5X) instead'
+    )
+  if os.path.isdir(os.path.join(path, PARAMS_DIR)) and os.path.isfile(
+    os.path.join(path, CONFIG_FILE)
+  ):
+    return ORBAX, path
+  if huggingface.is_hf_dir(path):
+    return HUGGING_FACE, path
+  if t5x.is_t5x_dir(path):
+    return T5X, path
+  latest = t5x.latest_checkpoint_dir(path)
+  if latest:
+    return T5X, latest
+  listing = sorted(os.listdir(path))[:10]
+  raise CheckpointError(
+    f'{path}: unknown checkpoint format (found {listing}); expected ours '
+    f'({PARAMS_DIR}/ + {CONFIG_FILE}), Hugging Face ({CONFIG_FILE} + '
+    f'{huggingface.SAFETENSORS_FILE} or an index) or T5X '
+    f'({t5x.CHECKPOINT_FILE} msgpack + zarr arrays)'
+  )
+
+
+def load(
+  path: str,
+  config: T5Config | None = None,
+  dtype: Any = None,
+  gin_file: str | None = None,
+  vocabulary: vocab_lib.Vocabulary | None = None,
+  progress: bool = False,
+  partitioner: Any = None,
+):
+  """Loads a `Model` from any supported checkpoint directory.
+
+  Args:
+    path: our directory, a Hugging Face T5 directory, or a T5X checkpoint
+      (or model) directory.
+    config: hyperparameters; required for T5X unless `gin_file` is given.
+      For our and Hugging Face directories it replaces the stored config (the
+      shapes must still agree).
+    dtype: parameter storage dtype (e.g. `'bfloat16'`); default the config's
+      `param_dtype` (float32). Activations follow `config.dtype`.
+    gin_file: a gin model file (e.g. `models/t5_1_1/xxl.gin`) giving the
+      hyperparameters, instead of `config`.
+    vocabulary: overrides (or supplies, for T5X) the vocabulary.
+    progress: show a tqdm progress bar over tensors.
+    partitioner: a `Partitioner`: each tensor is restored straight into its
+      shards, and the model carries the partitioner.
+
+  Returns:
+    A `Model`.
+
+  Raises:
+    FileNotFoundError: `path` or a file it needs does not exist.
+    CheckpointError: unknown format, corrupt file, or weights disagreeing
+      with the config.
+  """
+  from spec_decode.models import t5_model  # pylint: disable=g-import-not-at-top
+
+  if config is not None and gin_file is not None:
+    raise ValueError('pass config or gin_file, not both')
+  if gin_file is not None:
+    from spec_decode.checkpoints import gin_model  # pylint: disable=g-import-not-at-top
+
+    config = gin_model.config_from_gin(gin_file)
+  fmt, directory = detect_format(path)
+  wrap = _progress_bar(directory) if progress else None
+  shardings = lambda cfg: (
+    partitioner.param_shardings_flat(cfg) if partitioner else None
+  )
+  if fmt == ORBAX:
+    stored, vocab = _read_ours(directory)
+    config = _with_dtype(config or stored, dtype)
+    params = _restore_orbax(directory, config, wrap, shardings(config))
+  elif fmt == HUGGING_FACE:
+    stored, scaled = huggingface.load_hf_config(directory)
+    config = _with_dtype(config or stored, dtype)
+    source = huggingface.HFSource(directory, config, scaled)
+    params = assemble.assemble_params(
+      config, source, wrap, shardings(config)
+    )
+    vocab = huggingface.load_vocabulary(directory)
+  else:
+    if config is None:
+      raise ValueError(
+        f'{directory}: a T5X checkpoint stores no hyperparameters; pass '
+        'config=T5Config(...) or gin_file=... (e.g. models/t5_1_1/base.gin)'
+      )
+    config = _with_dtype(config, dtype)
+    source = t5x.T5XSource(directory)
+    params = assemble.assemble_params(
+      config, source, wrap, shardings(config)
+    )
+    vocab = None
+  vocab = vocabulary if vocabulary is not None else vocab
+  _check_vocab_fits(vocab, config, directory)
+  if partitioner is not None:
+    return t5_model.Model(config, params, vocab, partitioner=partitioner)
+  return t5_model.Model(config, params, vocab)
+
+
+def _with_dtype(config: T5Config, dtype: Any) -> T5Config:
+  return config if dtype is None else config.replace(param_dtype=dtype)
+
+
+def _check_vocab_fits(vocab, config: T5Config, directory: str) -> None:
+  if vocab is not None and vocab.vocab_size > config.vocab_size:
+    raise CheckpointError(
+      f'{directory}: the vocabulary has {vocab.vocab_size} ids but the '
+      f'model only {config.vocab_size} embedding rows'
+    )
+
+
+def _progress_bar(directory: str) -> Callable:
+  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
+
+  return lambda it: tqdm.tqdm(it, desc=f'loading {directory}', unit='tensor')
+
+
+def read_vocabulary(directory: str) -> vocab_lib.Vocabulary | None:
+  """The vocabulary saved in one of our directories (or None).
+
+  `spiece.model` plus `vocabulary.json` (extra ids), as `Model.save` and
+  `drafters.Heads.save` write them.
+  """
+  vocab_file = os.path.join(directory, VOCAB_FILE)
+  if not os.path.isfile(vocab_file):
+    return None
+  extra = vocab_lib.DEFAULT_EXTRA_IDS
+  info = os.path.join(directory, VOCAB_INFO_FILE)
+  if os.path.isfile(info):
+    with open(info) as f:
+      extra = int(json.load(f)['extra_ids'])
+  return vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
+
+
+def write_vocabulary(directory: str, vocab: vocab_lib.Vocabulary) -> None:
+  """Writes what `read_vocabulary` reads."""
+  with open(os.path.join(directory, VOCAB_FILE), 'wb') as f:
+    f.write(vocab.serialized)
+  with open(os.path.join(directory, VOCAB_INFO_FILE), 'w') as f:
+    json.dump({'extra_ids': vocab.extra_ids}, f)
+
+
+def save_arrays(path: str, tree: Any) -> str:
+  """Creates the new directory `path` and writes `tree` to `path/params`.
+
+  Returns:
+    The absolute path.
+
+  Raises:
+    FileExistsError: `path` exists and is not empty.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  path = os.path.abspath(os.fspath(path))
+  if os.path.isdir(path) and os.listdir(path):
+    raise FileExistsError(f'{path} exists and is not empty')
+  os.makedirs(path, exist_ok=True)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.join(path, PARAMS_DIR), tree)
+  ckptr.wait_until_finished()
+  return path
+
+
+# -- our format ---------------------------------------------------------------
+def _read_ours(directory: str):
+  file = os.path.join(directory, CONFIG_FILE)
+  try:
+    with open(file) as f:
+      config = T5Config.from_json(f.read())
+  except (ValueError, TypeError) as e:
+    raise CheckpointError(f'{file}: not a T5Config ({e})') from e
+  return config, read_vocabulary(directory)
+
+
+def _restore_orbax(
+  directory: str,
+  config: T5Config,
+  progress: Callable | None = None,
+  shardings: dict[str, Any] | None = None,
+) -> Any:
+  """Restores layer by layer: orbax would read every array at once.
+
+  With `shardings` (name -> `Sharding`) each array is read into its shards.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  params_dir = os.path.abspath(os.path.join(directory, PARAMS_DIR))
+  try:
+    tree = ocp.StandardCheckpointer().metadata(params_dir).item_metadata.tree
+  except Exception as e:
+    raise CheckpointError(
+      f'{params_dir}: unreadable orbax checkpoint ({e})'
+    ) from e
+  found = {
+    '/'.join(str(getattr(k, 'key', k)) for k in path): tuple(leaf.shape)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+  assemble.check_shapes(config, found, params_dir)
+  dtype = np.dtype(config.param_dtype)
+  single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  sharding_of = lambda name: shardings[name] if shardings else single
+  groups = {}
+  for name, shape in assemble.expected_shapes(config).items():
+    group = '/'.join(name.split('/')[:2])  # e.g. encoder/layers_3
+    groups.setdefault(group, {})[name] = shape
+  ckptr = ocp.PyTreeCheckpointer()
+  flat = {}
+  names = sorted(groups)
+  for group in progress(names) if progress else names:
+    item = _nest(
+      {
+        n: jax.ShapeDtypeStruct(s, dtype, sharding=sharding_of(n))
+        for n, s in groups[group].items()
+      }
+    )
+    restore_args = jax.tree.map(
+      lambda x: ocp.ArrayRestoreArgs(
+        dtype=dtype, sharding=x.sharding, global_shape=x.shape
+      ),
+      item,
+    )
+    args = ocp.args.PyTreeRestore(
+      item=item, restore_args=restore_args, partial_restore=True
+    )
+    try:
+      part = ckptr.restore(params_dir, args=args)
+    except Exception as e:
+      raise CheckpointError(
+        f'{params_dir}: orbax restore of {group} failed ({e})'
+      ) from e
+    flat.update(flax.traverse_util.flatten_dict(part, sep='/'))
+  return _nest(flat)
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+  return flax.traverse_util.unflatten_dict(flat, sep='/')
+
+
+def save(model, path: str) -> None:
+  """Writes `model` to a new directory `path` in our format.
+
+  Raises:
+    FileExistsError: `path` exists and is not empty.
+  """
+  path = save_arrays(path, model.params)
+  with open(os.path.join(path, CONFIG_FILE), 'w') as f:
+    f.write(model.config.to_json())
+  if model.vocabulary is not None:
+    write_vocabulary(path, model.vocabulary)

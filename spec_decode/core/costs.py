@@ -1,0 +1,222 @@
+"""Measured costs of draft and target: c and v(k) (paper section 3).
+
+`c` is the time of one draft step over one target step, `v(k)` the time of
+a target call on k tokens over a call on one; both are medians of calls
+timed inside compiled loops (no dispatch overhead), as the decoding loops
+see them. A drafter that is not a language model (n-gram, copy, heads) is
+timed through `propose`, and its c is that time per proposed token.
+"""
+
+import functools
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spec_decode.core import drafter as drafter_base
+from spec_decode.core import sampling
+
+
+def median_time(fn, repeats: int) -> float:
+  """Median wall time of `fn()` over `repeats` calls, after one warm-up."""
+  jax.block_until_ready(fn())  # warm-up (and compile)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def _primed_state(model, batch: int, prefix: int, length: int):
+  """A decoding state of `length` positions with `prefix` tokens scored."""
+  state = model.init_state(jnp.full((batch, 16), 5, jnp.int32), length)
+  return model.score(state, jnp.zeros((batch, prefix), jnp.int32))[1]
+
+
+def _index(state):
+  return state.cache.index if hasattr(state, 'cache') else state.index
+
+
+@functools.partial(jax.jit, static_argnames=('num_tokens', 'calls'))
+def _repeated_score(model, state, num_tokens: int, calls: int):
+  """`calls` score calls of `num_tokens` tokens inside one compiled loop.
+
+  Each call rolls back to the same index and writes the cache the next call
+  reads, so XLA cannot hoist the work out of the loop.
+  """
+  index = _index(state)
+  tokens = jnp.zeros((index.shape[0], num_tokens), jnp.int32)
+
+  def body(_, carry):
+    st, acc = carry
+    logits, st = model.score(model.rollback(st, index), tokens)
+    return st, acc + logits[0, 0, 0]
+
+  return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
+
+
+@functools.partial(jax.jit, static_argnames=('gamma', 'calls'))
+def _repeated_iterations(target, draft, states, gamma: int, calls: int):
+  """`calls` rounds of one target call over gamma + 1 tokens then gamma draft
+  steps, each call's input depending on the previous call's output as in
+  speculative decoding (so XLA runs them in that order, not concurrently)."""
+  t_index, d_index = _index(states[0]), _index(states[1])
+  batch = t_index.shape[0]
+
+  def token(logits):  # always 0, but only known after `logits`
+    return (logits[:, -1:, 0] > 3e38).astype(jnp.int32)
+
+  def body(_, carry):
+    t_state, d_state, last = carry
+    logits, t_state = target.score(
+      target.rollback(t_state, t_index),
+      jnp.broadcast_to(last, (batch, gamma + 1)),
+    )
+    last = token(logits)
+    d_state = draft.rollback(d_state, d_index)
+    for _ in range(gamma):  # unrolled, like the drafters' steps
+      logits, d_state = draft.score(d_state, last)
+      last = token(logits)
+    return t_state, d_state, last
+
+  init = (*states, jnp.zeros((batch, 1), jnp.int32))
+  return lax.fori_loop(0, calls, body, init)[2]
+
+
+def iteration_time(
+  target: Any,
+  draft: Any,
+  gamma: int,
+  repeats: int,
+  batch: int = 1,
+  prefix: int = 16,
+  calls: int = 8,
+) -> float:
+  """Median time of one target call over gamma + 1 tokens plus gamma draft
+  steps, run back to back inside one compiled loop.
+
+  This is what a speculative iteration's model calls cost with the memory
+  hierarchy in decoding's state: on a CPU whose cache holds one model's
+  weights, calls timed alone (`step_times`) find their weights cached, while
+  here each model's weights have been evicted by the other's.
+  """
+  states = tuple(
+    _primed_state(m, batch, prefix, prefix + gamma + 3) for m in (target, draft)
+  )
+  return (
+    median_time(
+      lambda: _repeated_iterations(target, draft, states, gamma, calls),
+      repeats,
+    )
+    / calls
+  )
+
+
+def step_times(
+  model: Any,
+  ks: Sequence[int],
+  repeats: int,
+  batch: int = 1,
+  prefix: int = 16,
+  calls: int = 16,
+) -> dict[int, float]:
+  """Median time of one in-loop `score` call with k tokens per row, per k."""
+  state = _primed_state(model, batch, prefix, prefix + max(ks) + 2)
+  return {
+    k: median_time(lambda k=k: _repeated_score(model, state, k, calls), repeats)
+    / calls
+    for k in ks
+  }
+
+
+@functools.partial(jax.jit, static_argnames=('settings', 'calls'))
+def _repeated_propose(drafter, state, context, settings, calls: int):
+  def body(_, carry):
+    st, acc = carry
+    proposal, st = drafter.propose(st, context, settings)
+    return st, acc + proposal.tokens[0, 0]
+
+  return lax.fori_loop(0, calls, body, (state, jnp.int32(0)))[1]
+
+
+def propose_time(
+  drafter: Any,
+  settings: Any,
+  repeats: int,
+  batch: int = 1,
+  feature_size: int = 0,
+  prefix: int = 16,
+  calls: int = 16,
+) -> float:
+  """Median time of one in-loop `propose` call (G tokens per row)."""
+  g = settings.gamma
+  enc = jnp.full((batch, 16), 5, jnp.int32)
+  length = prefix + g + 2
+  inputs = (jnp.arange(length)[None] % 7 + 3).astype(jnp.int32)
+  inputs = jnp.broadcast_to(inputs.at[:, 0].set(0), (batch, length))
+  n = jnp.full((batch,), prefix, jnp.int32)
+  keys = jax.random.split(jax.random.key(0), batch)
+  context = drafter_base.DraftContext(
+    inputs=inputs,
+    length=n,
+    encoder_tokens=enc,
+    keys=sampling.position_keys(keys, n[:, None] + 1 + jnp.arange(g), 0),
+    target_features=(
+      jnp.zeros((batch, feature_size), jnp.float32)
+      if getattr(drafter, 'uses_target_features', False)
+      else None
+    ),
+  )
+  state = drafter.init_draft(enc, length)
+  return (
+    median_time(
+      lambda: _repeated_propose(drafter, state, context, settings, calls),
+      repeats,
+    )
+    / calls
+  )
+
+
+def measure(
+  target: Any,
+  draft: Any,
+  ks: Sequence[int],
+  batch: int,
+  repeats: int,
+  settings: Any = None,
+) -> dict[str, Any]:
+  """c and v(k) for a target and a draft (a model or a drafter).
+
+  Args:
+    target: the target model.
+    draft: a language model (timed per T=1 step) or a drafter (timed per
+      `propose` call of `settings.gamma` tokens, divided by gamma).
+    ks: target call sizes k for v(k) (1 is always added).
+    batch: rows per call.
+    repeats: timed repeats (medians).
+    settings: `DecodeSettings` for timing a drafter's `propose`.
+
+  Returns:
+    `{'c', 'v_of_k': {k: v(k)}, 'target_step_seconds',
+    'draft_step_seconds'}`, v(1) = 1.
+  """
+  ks = sorted(set(int(k) for k in ks) | {1})
+  t = step_times(target, ks, repeats, batch=batch)
+  if drafter_base.is_drafter(draft):
+    if settings is None:
+      raise ValueError('timing a drafter needs the decode settings')
+    size = getattr(getattr(target, 'config', None), 'emb_dim', 0)
+    d = propose_time(draft, settings, repeats, batch, size) / settings.gamma
+  else:
+    d = step_times(draft, (1,), repeats, batch=batch)[1]
+  return {
+    'c': d / t[1],
+    'v_of_k': {k: t[k] / t[1] for k in ks},
+    'target_step_seconds': t[1],
+    'draft_step_seconds': d,
+  }

@@ -1,0 +1,348 @@
+"""`generate`: the public entry point for plain and speculative decoding."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.core import auto_gamma
+from spec_decode.core import loops
+from spec_decode.core import sampling
+from spec_decode.core import verify
+from spec_decode.core.protocol import LanguageModel
+from spec_decode.parallel import multihost
+from spec_decode.parallel import partitioning
+from spec_decode.t5.config import EOS_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStats:
+  """Statistics of a speculative decode (numpy, on the host).
+
+  Aggregated over rows:
+    target_calls: target calls (loop iterations of the batch).
+    draft_calls: draft forward calls (gamma per iteration; with fewer
+      proposals in some iterations, the most any row proposed).
+    accepted_histogram: `[G + 1]` iterations (summed over rows) that
+      accepted 0..G draft tokens.
+    per_position_acceptance: `[G]` P(draft token i accepted | tokens before
+      it accepted), over iterations where it was tested.
+    alpha: mean beta = sum_x min(p, q) over drafted positions whose prefix
+      was accepted (the paper's alpha estimate, section 3.1).
+    tokens_per_call: output tokens per target call, mean over rows.
+    mean_proposed: draft tokens proposed per iteration, mean over rows and
+      iterations (gamma unless the drafter proposes fewer).
+  Per row (`[B, ...]`): `row_iterations`, `row_accepted_histogram`,
+  `row_alpha`, `row_tokens_per_call`, and the raw counts behind them,
+  `row_position_tries [B, G]`, `row_position_accepts [B, G]` (per position:
+  iterations that tested / accepted it), `row_beta_sum [B]` and
+  `row_proposed [B]`.
+  """
+
+  target_calls: int
+  draft_calls: int
+  accepted_histogram: np.ndarray
+  per_position_acceptance: np.ndarray
+  alpha: float
+  tokens_per_call: float
+  row_iterations: np.ndarray
+  row_accepted_histogram: np.ndarray
+  row_alpha: np.ndarray
+  row_tokens_per_call: np.ndarray
+  row_position_tries: np.ndarray
+  row_position_accepts: np.ndarray
+  row_beta_sum: np.ndarray
+  mean_proposed: float = 0.0
+  row_proposed: np.ndarray | None = None
+
+  @property
+  def gamma(self) -> int:
+    return len(self.per_position_acceptance)
+
+  @classmethod
+  def from_counters(
+    cls, counters: loops.SpecCounters, lengths: np.ndarray
+  ) -> 'SpecStats':
+    c = jax.tree.map(np.asarray, counters)
+    gamma = c.position_tries.shape[1]
+    tries = c.position_tries.sum(0)
+    tested = c.position_tries.sum(1)
+    iters = c.iterations
+    return cls(
+      target_calls=int(iters.max(initial=0)),
+      draft_calls=int(
+        min(iters.max(initial=0) * gamma, c.proposed.max(initial=0))
+      ),
+      accepted_histogram=c.accepted_histogram.sum(0),
+      per_position_acceptance=c.position_accepts.sum(0) / np.maximum(tries, 1),
+      alpha=float(c.beta_sum.sum() / max(tested.sum(), 1)),
+      tokens_per_call=float(lengths.sum() / max(iters.sum(), 1)),
+      row_iterations=iters,
+      row_accepted_histogram=c.accepted_histogram,
+      row_alpha=c.beta_sum / np.maximum(tested, 1),
+      row_tokens_per_call=lengths / np.maximum(iters, 1),
+      row_position_tries=c.position_tries,
+      row_position_accepts=c.position_accepts,
+      row_beta_sum=c.beta_sum,
+      mean_proposed=float(c.proposed.sum() / max(iters.sum(), 1)),
+      row_proposed=c.proposed,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+  """Result of `generate`.
+
+  Attributes:
+    tokens: `[B, max_decode_len] int32`; pad (0) after EOS.
+    lengths: `[B] int32`, tokens up to and including EOS.
+    stats: `SpecStats` for speculative decoding, None for plain decoding.
+    gamma_choice: with `gamma='auto'`, what the calibration measured and
+      chose (`auto_gamma.choose`), else None.
+  """
+
+  tokens: np.ndarray
+  lengths: np.ndarray
+  stats: SpecStats | None
+  gamma_choice: dict | None = None
+
+
+# `dynamic_gamma=True` uses this draft-confidence threshold.
+DEFAULT_CONFIDENCE = 0.5
+
+
+def row_keys(seed: Any, batch: int) -> jax.Array:
+  """One key per row: `key(seed[r])` for an array, else fold_in(key(seed), r).
+
+  Created outside jit and passed in, as the design requires.
+  """
+  if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    base = jax.random.key(int(seed))
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(
+      jnp.arange(batch, dtype=jnp.uint32)
+    )
+  seeds = np.asarray(seed)
+  if seeds.shape != (batch,) or not np.issubdtype(seeds.dtype, np.integer):
+    raise ValueError(
+      f'seed must be an int or an int array of shape [{batch}], got {seed!r}'
+    )
+  return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def _check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:
+  tokens = np.asarray(encoder_tokens)
+  if tokens.ndim != 2:
+    raise ValueError(
+      f'encoder_tokens must be 2-D [batch, length], got shape {tokens.shape}'
+    )
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(f'encoder_tokens must be integers, got {tokens.dtype}')
+  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    raise ValueError(
+      f'encoder_tokens ids must be in [0, {vocab_size}), got '
+      f'[{tokens.min()}, {tokens.max()}]'
+    )
+  if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+    raise ValueError(f'encoder_tokens must be non-empty, got {tokens.shape}')
+  return tokens.astype(np.int32)
+
+
+def check_pair(target: LanguageModel, draft: LanguageModel) -> None:
+  """Raises ValueError unless draft and target share a vocabulary."""
+  if draft.vocab_size != target.vocab_size:
+    raise ValueError(
+      f'draft and target vocabularies differ: draft has '
+      f'{draft.vocab_size} ids, target {target.vocab_size}'
+    )
+  tv = getattr(target, 'vocabulary', None)
+  dv = getattr(draft, 'vocabulary', None)
+  if tv is not None and dv is not None and tv != dv:
+    raise ValueError(
+      'draft and target vocabularies differ (same size, '
+      'different sentencepiece models)'
+    )
+
+
+def generate(
+  model: LanguageModel,
+  encoder_tokens: Any,
+  draft: LanguageModel | None = None,
+  gamma: int = 4,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  max_decode_len: int = 64,
+  seed: Any = 0,
+  eos_id: int = EOS_ID,
+  verifier: verify.Verifier | None = None,
+  lenience: float = 1.0,
+  dynamic_gamma: bool | float = False,
+) -> GenerateOutput:
+  """Decodes `encoder_tokens [B, S]` (int, padded with 0).
+
+  Args:
+    model: the target.
+    encoder_tokens: `[B, S]` ints in [0, V), 0 = padding.
+    draft: None for plain decoding; else any language model or drafter
+      (`spec_decode.drafters`) with the target's vocabulary.
+    gamma: draft tokens per iteration (>= 1), or 'auto': a calibration
+      decode of this batch at gamma 4 measures alpha, c and v(k) are timed,
+      and `theory.choose_gamma` picks gamma (reported in `gamma_choice`;
+      the timings are cached per target, draft and batch size).
+    temperature: 0 is argmax.
+    top_k: 0 keeps all ids.
+    top_p: 1.0 keeps all ids.
+    max_decode_len: output tokens per row at most.
+    seed: int (row r uses fold_in(key(seed), r)) or int array `[B]`.
+    eos_id: end-of-sequence id.
+    verifier: Algorithm 1 variant; default `ExactVerifier(lenience)`.
+    lenience: l in (0, 1]; 1 (the default) is exact. l < 1 accepts more
+      draft tokens and no longer samples the target's distribution
+      (appendix A.5; greedy: accept x when p(x) >= l * max p).
+    dynamic_gamma: False, True (threshold `DEFAULT_CONFIDENCE`) or a
+      threshold tau in (0, 1): a model draft stops proposing in a row where
+      its confidence (largest draft probability) drops below tau, so gamma
+      is the most tokens an iteration proposes. Exact either way.
+
+  Sharded models (`Model.init/load(..., partitioner=p)`) decode sharded: the
+  rows go on the mesh's `data` axis (padded to a multiple of its size with
+  copies of the last row, dropped again from the results), an unsharded
+  draft is replicated on the mesh, and the loop is one program over all
+  devices. On several hosts, pass the global array of
+  `multihost.global_batch` as `encoder_tokens`; every host gets the whole
+  result.
+
+  Returns:
+    `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
+  """
+  sampler = sampling.Sampler(
+    float(temperature)
+    if isinstance(temperature, (int, float))
+    else temperature,
+    top_k,
+    top_p,
+  )
+  auto = isinstance(gamma, str) and gamma.strip().lower() == 'auto'
+  if not auto and (
+    isinstance(gamma, bool)
+    or not isinstance(gamma, (int, np.integer))
+    or (gamma < 1)
+  ):
+    raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
+  tau = _confidence_threshold(dynamic_gamma)
+  if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
+    raise ValueError(f'lenience must be in (0, 1], got {lenience!r}')
+  if verifier is not None and lenience != 1.0:
+    raise ValueError('pass lenience to your verifier, not to generate')
+  if (
+    isinstance(max_decode_len, bool)
+    or not isinstance(max_decode_len, (int, np.integer))
+    or max_decode_len < 1
+  ):
+    raise ValueError(
+      f'max_decode_len must be an int >= 1, got {max_decode_len!r}'
+    )
+  spans_hosts = multihost.is_global(encoder_tokens)
+  tokens = _check_tokens(multihost.local_data(encoder_tokens), model.vocab_size)
+  if draft is not None:
+    check_pair(model, draft)
+  batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
+  keys = row_keys(seed, batch)
+  gamma_choice = None
+  if auto and draft is not None:
+    gamma_choice = auto_gamma.choose(
+      model,
+      draft,
+      encoder_tokens if spans_hosts else tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      max_decode_len=max_decode_len,
+      seed=seed,
+      eos_id=eos_id,
+    )
+    gamma = gamma_choice['gamma']
+  settings = loops.DecodeSettings(
+    max_decode_len=int(max_decode_len),
+    sampler=sampler,
+    gamma=int(gamma) if draft is not None else 1,
+    verifier=verifier or verify.ExactVerifier(float(lenience)),
+    eos_id=eos_id,
+    dynamic_gamma=tau if draft is not None else 0.0,
+  )
+  partitioner = partitioning.partitioner_of(model, draft)
+  if partitioner is not None:
+    model, draft = partitioner.place(model), partitioner.place(draft)
+    enc, keys = _sharded_inputs(
+      partitioner, encoder_tokens if spans_hosts else tokens, keys
+    )
+  elif spans_hosts:
+    raise ValueError(
+      'encoder_tokens span several hosts: the models must be '
+      'sharded (Model.init/load(..., partitioner=...))'
+    )
+  else:
+    enc = jnp.asarray(tokens)
+  if draft is None:
+    out, lengths = multihost.to_host(
+      loops.plain_decode_jit(model, enc, keys, settings=settings)
+    )
+    return GenerateOutput(out[:batch], lengths[:batch], None)
+  out, lengths, counters = multihost.to_host(
+    loops.speculative_decode_jit(model, draft, enc, keys, settings=settings)
+  )
+  counters = jax.tree.map(lambda x: x[:batch], counters)
+  lengths = lengths[:batch]
+  return GenerateOutput(
+    out[:batch],
+    lengths,
+    SpecStats.from_counters(counters, lengths),
+    gamma_choice,
+  )
+
+
+def _confidence_threshold(dynamic_gamma: Any) -> float:
+  """0.0 (off) or the draft-confidence threshold in (0, 1)."""
+  if dynamic_gamma is False or dynamic_gamma is None:
+    return 0.0
+  if dynamic_gamma is True:
+    return DEFAULT_CONFIDENCE
+  if isinstance(dynamic_gamma, (int, float, np.floating)) and (
+    0.0 < float(dynamic_gamma) < 1.0
+  ):
+    return float(dynamic_gamma)
+  raise ValueError(
+    'dynamic_gamma must be False, True or a confidence threshold in '
+    f'(0, 1), got {dynamic_gamma!r}'
+  )
+
+
+def _sharded_inputs(
+  partitioner: partitioning.Partitioner, tokens: Any, keys: jax.Array
+):
+  """Encoder tokens and row keys with the batch on `data`.
+
+  Pads the batch to a multiple of the `data` size with copies of the last
+  row (and its seed); rows are independent, so the real rows' results do
+  not change. A batch spanning hosts must already be a multiple.
+  """
+  batch = tokens.shape[0]
+  padded = partitioner.padded_batch(batch)
+  if padded != batch:
+    if multihost.is_global(tokens):
+      raise ValueError(
+        f'a batch of {batch} rows spanning hosts must be a '
+        f'multiple of the data axis ({partitioner.data_size})'
+      )
+    extra = padded - batch
+    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], extra, 0)])
+    keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])
+  key_data = partitioner.shard_batch(np.asarray(jax.random.key_data(keys)))
+  keys = jax.random.wrap_key_data(key_data, impl=jax.random.key_impl(keys))
+  if multihost.is_global(tokens):
+    enc = jax.device_put(tokens, partitioner.batch_sharding(2))
+  else:
+    enc = partitioner.shard_batch(tokens)
+  return enc, keys

@@ -1,0 +1,373 @@
+"""Plain and speculative decoding, each one jitted `lax.while_loop`.
+
+Both loops talk to models only through the language-model protocol
+(`spec_decode.core.protocol`). Shapes: `B` rows, `G` = gamma, `M` =
+max_decode_len, `V` vocabulary.
+
+Token buffer: `inputs [B, M + G + 2]` holds decoder inputs; `inputs[:, 0]` is
+the start id 0 and `inputs[:, k]` is output token k (1-based). A row with `n`
+output tokens has its target state at index `n`: it holds inputs `0..n-1`,
+and input `n` (the newest token) is fed next.
+
+Randomness: every row has its own key; the draws for output token `k` use
+`fold_in(fold_in(row_key, k), purpose)`, so a row's tokens depend only on its
+seed, never on its batch mates, and a draft equal to the target draws exactly
+the tokens plain sampling draws.
+"""
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spec_decode.core import drafter as drafter_base
+from spec_decode.core import model_drafter
+from spec_decode.core import sampling
+from spec_decode.core import verify
+from spec_decode.core.protocol import LanguageModel
+from spec_decode.t5.config import EOS_ID
+from spec_decode.t5.config import PAD_ID
+
+# `purpose` of a draw at one position (see module docstring).
+_SAMPLE, _ACCEPT, _RESIDUAL = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+  """Static settings of a decode (hashable: part of the jit cache key).
+
+  Attributes:
+    max_decode_len: M, output tokens per row at most (EOS included).
+    sampler: logits -> distribution, shared by draft and target.
+    gamma: G, draft tokens per iteration (speculative only).
+    verifier: Algorithm 1 or a variant with the same signature.
+    eos_id: end-of-sequence id.
+    dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
+      where its confidence drops below tau (`drafters.model_drafter`).
+  """
+
+  max_decode_len: int
+  sampler: sampling.Sampler = sampling.Sampler()
+  gamma: int = 4
+  verifier: verify.Verifier = verify.ExactVerifier()
+  eos_id: int = EOS_ID
+  dynamic_gamma: float = 0.0
+
+  @property
+  def buffer_len(self) -> int:
+    return self.max_decode_len + self.gamma + 2
+
+
+@flax.struct.dataclass(kw_only=True)
+class SpecCounters:
+  """Per-row statistics of a speculative decode (all `[B, ...]`).
+
+  Attributes:
+    iterations: `[B]` iterations (= target calls) while the row was active.
+    accepted_histogram: `[B, G + 1]` iterations that accepted 0..G tokens.
+    position_tries: `[B, G]` iterations whose draft token i was tested (its
+      prefix accepted).
+    position_accepts: `[B, G]` iterations whose draft token i was accepted.
+    beta_sum: `[B]` sum of beta over tested positions.
+    proposed: `[B]` draft tokens proposed while the row was active (G per
+      iteration unless the drafter proposes fewer).
+  """
+
+  iterations: jax.Array
+  accepted_histogram: jax.Array
+  position_tries: jax.Array
+  position_accepts: jax.Array
+  beta_sum: jax.Array
+  proposed: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int) -> 'SpecCounters':
+    return cls(
+      iterations=jnp.zeros((batch,), jnp.int32),
+      accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
+      position_tries=jnp.zeros((batch, gamma), jnp.int32),
+      position_accepts=jnp.zeros((batch, gamma), jnp.int32),
+      beta_sum=jnp.zeros((batch,), jnp.float32),
+      proposed=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+@flax.struct.dataclass(kw_only=True)
+class LoopState:
+  """Carry of both while loops.
+
+  Attributes:
+    inputs: `[B, M + G + 2] int32` decoder inputs (see module docstring).
+    length: `[B] int32` output tokens so far (EOS included).
+    done: `[B] bool` EOS emitted or M reached.
+    step: `[] int32` loop iterations so far.
+    target: the target's decode state.
+    draft: the draft's decode state (None for plain decoding).
+    counters: speculative statistics (None for plain decoding).
+    features: `[B, D] float32` target hidden state that predicted the newest
+      token, for drafters that use target features (else None).
+  """
+
+  inputs: jax.Array
+  length: jax.Array
+  done: jax.Array
+  step: jax.Array
+  target: object
+  draft: object = None
+  counters: SpecCounters | None = None
+  features: jax.Array | None = None
+
+
+position_keys = sampling.position_keys
+
+
+def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(inputs, positions, axis=1)
+
+
+def _commit(
+  state: LoopState,
+  block: jax.Array,
+  num_new: jax.Array,
+  settings: DecodeSettings,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Appends up to `num_new [B]` tokens of `block [B, W]` per active row.
+
+  Tokens after an EOS and past M are dropped. Returns the new inputs,
+  lengths, done flags and the number of tokens actually kept `[B]`.
+  """
+  width = block.shape[1]
+  offsets = jnp.arange(width)[None, :]
+  is_eos = (block == settings.eos_id) & (offsets < num_new[:, None])
+  first_eos = jnp.where(
+    jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, width
+  )
+  room = settings.max_decode_len - state.length
+  kept = jnp.minimum(jnp.minimum(num_new, first_eos), room)
+  kept = jnp.where(state.done, 0, kept)
+  block = jnp.where(offsets < kept[:, None], block, PAD_ID)
+  start = state.length + 1
+  old = jax.vmap(lambda buf, s: lax.dynamic_slice_in_dim(buf, s, width))(
+    state.inputs, start
+  )
+  block = jnp.where(offsets < kept[:, None], block, old)
+  inputs = jax.vmap(
+    lambda buf, blk, s: lax.dynamic_update_slice_in_dim(buf, blk, s, axis=0)
+  )(state.inputs, block, start)
+  length = state.length + kept
+  hit_eos = jnp.any(
+    (block == settings.eos_id) & (offsets < kept[:, None]), axis=1
+  )
+  done = state.done | hit_eos | (length >= settings.max_decode_len)
+  return inputs, length, done, kept
+
+
+def _init_loop(
+  target: LanguageModel, encoder_tokens: jax.Array, settings: DecodeSettings
+) -> LoopState:
+  batch = encoder_tokens.shape[0]
+  return LoopState(
+    inputs=jnp.zeros((batch, settings.buffer_len), jnp.int32),
+    length=jnp.zeros((batch,), jnp.int32),
+    done=jnp.zeros((batch,), bool),
+    step=jnp.zeros((), jnp.int32),
+    target=target.init_state(encoder_tokens, settings.buffer_len),
+  )
+
+
+def _not_finished(state: LoopState, settings: DecodeSettings) -> jax.Array:
+  return jnp.any(~state.done) & (state.step < settings.max_decode_len)
+
+
+def _outputs(state: LoopState, settings: DecodeSettings):
+  tokens = state.inputs[:, 1 : settings.max_decode_len + 1]
+  return tokens, state.length
+
+
+def plain_decode(
+  target: LanguageModel,
+  encoder_tokens: jax.Array,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+):
+  """Autoregressive sampling from the target alone (T5X temperature_sample).
+
+  Returns:
+    tokens `[B, M]` (pad after EOS) and lengths `[B]`.
+  """
+  sampler = settings.sampler
+
+  def body(state: LoopState) -> LoopState:
+    n = state.length
+    last = _gather(state.inputs, n[:, None])
+    tgt = target.rollback(state.target, n)
+    logits, tgt = target.score(tgt, last)
+    keys = position_keys(row_keys, (n + 1)[:, None], _SAMPLE)[:, 0]
+    token, _ = sampling.draw_tokens(sampler, keys, logits[:, 0])
+    inputs, length, done, _ = _commit(
+      state, token[:, None], jnp.ones_like(n), settings
+    )
+    return state.replace(
+      inputs=inputs, length=length, done=done, step=state.step + 1, target=tgt
+    )
+
+  state = _init_loop(target, encoder_tokens, settings)
+  state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
+  return _outputs(state, settings)
+
+
+def _verify(
+  settings: DecodeSettings,
+  logits: jax.Array,
+  proposal: drafter_base.Proposal,
+  row_keys: jax.Array,
+  positions: jax.Array,
+):
+  """Runs the verifier on target `logits [B, G+1, V]` and the proposal."""
+  g = settings.gamma
+  sampler = settings.sampler
+  verifier = settings.verifier
+  draft_tokens, q, num = proposal.tokens, proposal.q, proposal.num
+  extra = {} if num is None else {'num_proposed': num}
+  greedy_path = getattr(verifier, 'greedy', None)
+  if sampler.is_greedy and greedy_path is not None:
+    if getattr(verifier, 'lenience', 1.0) < 1.0:
+      extra['target_logits'] = logits
+    return greedy_path(sampling.argmax(logits), draft_tokens, **extra)
+  if q is None:  # Greedy draft, verifier without a greedy path.
+    q = jax.nn.one_hot(draft_tokens, logits.shape[-1], dtype=jnp.float32)
+  uniforms = jax.vmap(
+    jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))
+  )(position_keys(row_keys, positions[:, :g], _ACCEPT))
+  return verifier(
+    sampler.probs(logits),
+    q,
+    draft_tokens,
+    uniforms=uniforms,
+    bonus_keys=position_keys(row_keys, positions, _SAMPLE),
+    residual_keys=position_keys(row_keys, positions, _RESIDUAL),
+    greedy=sampler.is_greedy,
+    **extra,
+  )
+
+
+def _score_target(target, state, tokens, with_features: bool):
+  """Target logits `[B, T, V]`, features `[B, T, D]` (or None), state."""
+  if with_features:
+    return target.score_with_features(state, tokens)
+  logits, state = target.score(state, tokens)
+  return logits, None, state
+
+
+def speculative_decode(
+  target: LanguageModel,
+  draft,
+  encoder_tokens: jax.Array,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+):
+  """Algorithm 1 in a loop: a draft block, one target call over G+1 inputs.
+
+  Args:
+    target: the target language model.
+    draft: a drafter (`spec_decode.core.drafter.Drafter`) or any language
+      model (drafting G autoregressive steps).
+    encoder_tokens: `[B, S] int32`.
+    row_keys: `[B]` PRNG keys.
+    settings: static settings.
+
+  Returns:
+    tokens `[B, M]`, lengths `[B]`, and `SpecCounters`.
+  """
+  g = settings.gamma
+  batch = encoder_tokens.shape[0]
+  drafter = model_drafter.as_drafter(draft)
+  with_features = bool(getattr(drafter, 'uses_target_features', False))
+
+  def body(state: LoopState) -> LoopState:
+    n = state.length
+    active = ~state.done
+    positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
+    context = drafter_base.DraftContext(
+      inputs=state.inputs,
+      length=n,
+      encoder_tokens=encoder_tokens,
+      keys=position_keys(row_keys, positions[:, :g], _SAMPLE),
+      target_features=state.features,
+    )
+    proposal, ds = drafter.propose(state.draft, context, settings)
+    draft_tokens = proposal.tokens
+    newest = _gather(state.inputs, n[:, None])
+    tgt = target.rollback(state.target, n)
+    logits, features, tgt = _score_target(
+      target,
+      tgt,
+      jnp.concatenate([newest, draft_tokens], axis=1),
+      with_features,
+    )
+    result = _verify(settings, logits, proposal, row_keys, positions)
+    a = result.accepted
+    offsets = jnp.arange(g + 1)[None]
+    block = jnp.where(
+      offsets < a[:, None],
+      jnp.concatenate([draft_tokens, jnp.zeros_like(newest)], axis=1),
+      result.next_token[:, None],
+    )
+    inputs, length, done, kept = _commit(state, block, a + 1, settings)
+    num = proposal.num
+    if num is None:
+      num = jnp.full((batch,), g, jnp.int32)
+
+    c = state.counters
+    # Position i (0-based) was tested when it was proposed, its prefix was
+    # accepted and it lies inside what the row kept (nothing after EOS or
+    # past M counts).
+    tested = (offsets[:, :g] <= a[:, None]) & (offsets[:, :g] < kept[:, None])
+    tested &= active[:, None] & (offsets[:, :g] < num[:, None])
+    accepted = tested & (offsets[:, :g] < a[:, None])
+    act = active.astype(jnp.int32)
+    counters = SpecCounters(
+      iterations=c.iterations + act,
+      accepted_histogram=c.accepted_histogram
+      + jax.nn.one_hot(a, g + 1, dtype=jnp.int32) * act[:, None],
+      position_tries=c.position_tries + tested,
+      position_accepts=c.position_accepts + accepted,
+      beta_sum=c.beta_sum
+      + jnp.sum(jnp.where(tested, result.beta, 0.0), axis=1),
+      proposed=c.proposed + num * act,
+    )
+    if with_features:
+      # The hidden after input n_new - 1 predicted the token just emitted.
+      features = features[jnp.arange(batch), a]
+    return state.replace(
+      inputs=inputs,
+      length=length,
+      done=done,
+      step=state.step + 1,
+      target=tgt,
+      draft=ds,
+      counters=counters,
+      features=features,
+    )
+
+  state = _init_loop(target, encoder_tokens, settings)
+  features = None
+  if with_features:
+    size = getattr(target, 'feature_size', None) or target.config.emb_dim
+    features = jnp.zeros((batch, size), jnp.float32)
+  state = state.replace(
+    draft=drafter.init_draft(encoder_tokens, settings.buffer_len),
+    counters=SpecCounters.zeros(batch, g),
+    features=features,
+  )
+  state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
+  tokens, lengths = _outputs(state, settings)
+  return tokens, lengths, state.counters
+
+
+plain_decode_jit = jax.jit(plain_decode, static_argnames=('settings',))
+speculative_decode_jit = jax.jit(
+  speculative_decode, static_argnames=('settings',)
+)

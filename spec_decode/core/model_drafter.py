@@ -1,0 +1,131 @@
+"""Any language model as a drafter: G autoregressive draft steps.
+
+The draft lags one input behind the target (it never saw the last draft
+token of a fully accepted block), so its first call feeds the two newest
+inputs at index n - 1; at n = 0 it feeds [start, pad] at 0 and uses the
+first position's logits. The remaining G - 1 steps are T=1 calls in an
+unrolled `lax.scan` (a rolled scan adds per-step loop overhead inside the
+while loop; measured in `make bench`).
+
+Dynamic gamma (`settings.dynamic_gamma = tau > 0`): a row stops proposing at
+the first position i >= 1 whose draft confidence, the largest raw
+(temperature-1) draft probability there, is below tau. The confidence
+depends only on the row's prefix, never on the verifier's draws, so the
+decode stays exact. Steps after every row has stopped are skipped
+(`lax.cond`), so a confident-less batch pays fewer draft calls.
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spec_decode.core import sampling
+from spec_decode.core.drafter import DraftContext
+from spec_decode.core.drafter import Proposal
+from spec_decode.core.drafter import full_proposal
+from spec_decode.core.drafter import is_drafter
+from spec_decode.core.protocol import DecodeState
+from spec_decode.core.protocol import LanguageModel
+
+
+@flax.struct.dataclass(kw_only=True)
+class ModelDrafter:
+  """Wraps a `LanguageModel` (T5 `Model`, `TableLM`, ...) as a drafter."""
+
+  model: LanguageModel
+  uses_target_features = False
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  @property
+  def vocabulary(self):
+    return getattr(self.model, 'vocabulary', None)
+
+  def init_draft(self, encoder_tokens: jax.Array, length: int) -> DecodeState:
+    return self.model.init_state(encoder_tokens, length)
+
+  def propose(
+    self, state: DecodeState, context: DraftContext, settings
+  ) -> tuple[Proposal, DecodeState]:
+    model, sampler, keys = self.model, settings.sampler, context.keys
+    n = context.length
+    start = jnp.maximum(n - 1, 0)
+    first_inputs = jnp.take_along_axis(
+      context.inputs, start[:, None] + jnp.arange(2)[None], axis=1
+    )
+    ds = model.rollback(state, start)
+    logits, ds = model.score(ds, first_inputs)
+    first_logits = jnp.where((n > 0)[:, None], logits[:, 1], logits[:, 0])
+    ds = model.rollback(ds, n + 1)
+    x1, q1 = sampling.draw_tokens(sampler, keys[:, 0], first_logits)
+    step_keys = jnp.swapaxes(keys[:, 1:], 0, 1)
+    tau = float(getattr(settings, 'dynamic_gamma', 0.0) or 0.0)
+    if tau > 0.0:
+      tokens, qs, num, ds = _dynamic_steps(
+        model, sampler, ds, x1, step_keys, tau
+      )
+    else:
+      tokens, qs, ds = _fixed_steps(model, sampler, ds, x1, step_keys)
+      num = None
+    q = None if q1 is None else jnp.concatenate([q1[:, None], qs], axis=1)
+    tokens = jnp.concatenate([x1[:, None], tokens], axis=1)
+    if num is None:
+      return full_proposal(tokens, q), ds
+    return Proposal(tokens=tokens, q=q, num=num), ds
+
+
+def _fixed_steps(model, sampler, ds, x1, step_keys):
+  def step(carry, key_i):
+    ds_i, prev = carry
+    lg, ds_i = model.score(ds_i, prev[:, None])
+    x, q = sampling.draw_tokens(sampler, key_i, lg[:, 0])
+    return (ds_i, x), (x, q)
+
+  (ds, _), (xs, qs) = lax.scan(step, (ds, x1), step_keys, unroll=True)
+  qs = None if qs is None else jnp.swapaxes(qs, 0, 1)
+  return jnp.swapaxes(xs, 0, 1), qs, ds
+
+
+def _confidence(logits: jax.Array) -> jax.Array:
+  """Largest raw probability `[B]` of `logits [B, V]`."""
+  return jnp.exp(jnp.max(jax.nn.log_softmax(logits, axis=-1), axis=-1))
+
+
+def _dynamic_steps(model, sampler, ds, x1, step_keys, tau):
+  batch = x1.shape[0]
+
+  def step(carry, key_i):
+    ds_i, prev, going = carry
+
+    def run(ds_i):
+      lg, ds_i = model.score(ds_i, prev[:, None])
+      x, q = sampling.draw_tokens(sampler, key_i, lg[:, 0])
+      return ds_i, x, q, going & (_confidence(lg[:, 0]) >= tau)
+
+    def skip(ds_i):
+      x = jnp.zeros((batch,), jnp.int32)
+      q = None
+      if not sampler.is_greedy:
+        q = jnp.zeros((batch, model.vocab_size), jnp.float32)
+      return ds_i, x, q, jnp.zeros_like(going)
+
+    ds_i, x, q, going = lax.cond(jnp.any(going), run, skip, ds_i)
+    return (ds_i, x, going), (x, q, going)
+
+  going = jnp.ones((batch,), bool)
+  (ds, _, _), (xs, qs, kept) = lax.scan(
+    step, (ds, x1, going), step_keys, unroll=True
+  )
+  num = 1 + jnp.sum(kept.astype(jnp.int32), axis=0)
+  qs = None if qs is None else jnp.swapaxes(qs, 0, 1)
+  return jnp.swapaxes(xs, 0, 1), qs, num, ds
+
+
+def as_drafter(draft):
+  """`draft` itself if it implements the drafter protocol, else wrapped."""
+  if is_drafter(draft):
+    return draft
+  return ModelDrafter(model=draft)

@@ -1,0 +1,162 @@
+"""Several eval runs side by side: drafters, temperatures, lenience, dynamic γ.
+
+`compare` runs an eval (`eval.evaluate`, or the gin-configured one, so every
+other setting comes from the usual eval bindings) once per (drafter,
+temperature, lenience, dynamic-γ threshold) combination, each in its own
+subdirectory of `output_dir` (so each is resumable and has its full
+report), and writes
+
+  comparison.json   one record per run (the fields of the table below)
+  comparison.md     the table, one row per run and γ: drafter, temperature,
+                    lenience, dynamic γ, γ, α, c, tokens per target call,
+                    draft tokens proposed per iteration, measured and
+                    predicted speedup, the oracle bound 1/(1-α) (section
+                    3.5), quality, exactness
+
+`spec-decode eval` calls it when a config binds `spec_eval_compare.compare`
+(configs/drafters_debian_ende.gin, lenience_debian_ende.gin,
+dynamic_gamma_debian_ende.gin). Library code: no gin decorators.
+"""
+
+import json
+import os
+import re
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+from spec_decode.eval import run as eval_lib
+
+COMPARISON_JSON = 'comparison.json'
+COMPARISON_MD = 'comparison.md'
+
+
+def _slug(*parts: Any) -> str:
+  text = '_'.join(str(p) for p in parts)
+  return re.sub(r'[^A-Za-z0-9.]+', '-', text).strip('-').lower()
+
+
+def _rows(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+  """One row per γ of a run (a sweep gives several)."""
+  rows = []
+  for entry in result.get('sweep') or [result]:
+    metric, values = next(iter(entry['quality'].items()))
+    rows.append(
+      {
+        'drafter': name,
+        'temperature': result['temperature'],
+        'lenience': result['lenience'],
+        'dynamic_gamma': result.get('dynamic_gamma', 0.0),
+        'gamma': entry['gamma'],
+        'alpha': entry['alpha'],
+        'c': entry['c'],
+        'tokens_per_call': entry['tokens_per_call'],
+        'mean_proposed': entry.get('mean_proposed', entry['gamma']),
+        'speedup_measured': entry['speedup_measured'],
+        'speedup_predicted': entry['speedup_predicted'],
+        'oracle_bound': 1.0 / max(1.0 - entry['alpha'], 1e-9),
+        'metric': metric,
+        'quality_plain': values['plain'],
+        'quality_speculative': values['speculative'],
+        'exact_algorithm': bool(result['exact_algorithm']),
+        'exact_match_fraction': entry['exact_match_fraction'],
+      }
+    )
+  return rows
+
+
+def _exactness(row: dict[str, Any]) -> str:
+  if not row['exact_algorithm']:
+    return f'NOT exact (lenient l={row["lenience"]:g})'
+  if row['temperature'] == 0:
+    return f'{row["exact_match_fraction"] * 100:.0f}% identical'
+  return 'exact (Algorithm 1)'
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+  """The Markdown comparison table."""
+  lines = [
+    '| drafter | t | l | dyn. γ | γ | α | c | tok/call | proposed/iter '
+    '| speedup | predicted | 1/(1-α) | quality (plain → spec.) '
+    '| exactness |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for r in rows:
+    dyn = f'{r["dynamic_gamma"]:g}' if r['dynamic_gamma'] else '-'
+    lines.append(
+      f'| {r["drafter"]} | {r["temperature"]:g} | {r["lenience"]:g} | {dyn} '
+      f'| {r["gamma"]} | {r["alpha"]:.3f} | {r["c"]:.3f} '
+      f'| {r["tokens_per_call"]:.2f} | {r["mean_proposed"]:.2f} '
+      f'| {r["speedup_measured"]:.2f}x | {r["speedup_predicted"]:.2f}x '
+      f'| {r["oracle_bound"]:.2f} '
+      f'| {r["metric"]} {r["quality_plain"]:.2f} → '
+      f'{r["quality_speculative"]:.2f} | {_exactness(r)} |'
+    )
+  return '\n'.join(lines)
+
+
+def compare(
+  *,
+  drafts: dict[str, Any],
+  output_dir: str,
+  run: Callable[..., dict[str, Any]] = eval_lib.evaluate,
+  temperatures: Sequence[float] = (0.0,),
+  leniences: Sequence[float] = (1.0,),
+  dynamic_gammas: Sequence[float] = (0.0,),
+  gammas: dict[str, Any] | None = None,
+  title: str = 'Comparison',
+  print_summary: bool = True,
+  **run_kwargs,
+) -> list[dict[str, Any]]:
+  """Runs every combination; returns the comparison rows.
+
+  Args:
+    drafts: drafter name -> draft (model or drafter), in table order.
+    output_dir: runs go to `output_dir/<drafter>_t<t>_l<l>_dyn<tau>/`.
+    run: the eval function (`eval.evaluate` or its gin-configured form);
+      called with `draft`, `output_dir`, `temperature`, `lenience`,
+      `dynamic_gamma`, `draft_name` (and `gamma` for drafters in `gammas`).
+    temperatures: sampling temperatures (0 is greedy).
+    leniences: l values (1 is exact).
+    dynamic_gammas: 0 (fixed γ) or draft-confidence thresholds.
+    gammas: per-drafter γ (an int, a sweep list or 'auto'; a sweep gives
+      a row per γ); others use the run's γ.
+    title: heading of comparison.md.
+    print_summary: print the table at the end.
+    **run_kwargs: passed to `run` (e.g. `target`, `task` for the library
+      `evaluate`; `progress`, `overwrite`).
+  """
+  if not drafts:
+    raise ValueError('compare needs at least one draft')
+  os.makedirs(output_dir, exist_ok=True)
+  rows = []
+  for name, draft in drafts.items():
+    for t in temperatures:
+      for lenience in leniences:
+        for tau in dynamic_gammas:
+          sub = _slug(name, f't{t:g}', f'l{lenience:g}', f'dyn{tau:g}')
+          extra = dict(run_kwargs)
+          if name in (gammas or {}):
+            extra['gamma'] = gammas[name]
+          result = run(
+            draft=draft,
+            output_dir=os.path.join(output_dir, sub),
+            temperature=float(t),
+            lenience=float(lenience),
+            dynamic_gamma=float(tau),
+            draft_name=name,
+            print_summary=False,
+            **extra,
+          )
+          rows.extend(dict(r, run_dir=sub) for r in _rows(name, result))
+          _write(output_dir, title, rows)
+  if print_summary:
+    print(f'\n## {title}\n\n{table(rows)}\n')
+  return rows
+
+
+def _write(output_dir: str, title: str, rows: list[dict[str, Any]]) -> None:
+  with open(os.path.join(output_dir, COMPARISON_JSON), 'w') as f:
+    json.dump(rows, f, indent=1)
+  with open(os.path.join(output_dir, COMPARISON_MD), 'w') as f:
+    f.write(f'# {title}\n\n{table(rows)}\n')

@@ -1,0 +1,297 @@
+"""The numbers and the report of an eval run (`spec_decode.eval.run`).
+
+`results` turns the per-example records of examples.jsonl and the measured
+costs (c, v) into results.json; `summary_markdown` writes the Markdown
+report, a Table 4 style row per γ; `write_plots` draws the accepted-length
+histogram and, for a γ sweep, speedup against γ.
+"""
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from spec_decode import theory
+from spec_decode.data import quality as metrics_lib
+
+HISTOGRAM_PLOT = 'accepted_histogram.png'
+SWEEP_PLOT = 'speedup_vs_gamma.png'
+
+# Keys of results.json (at any depth) whose values come from clocks: they
+# differ between runs, everything else is a function of the decoded tokens.
+TIMING_KEYS = frozenset(
+  {
+    'c',
+    'v',
+    'v_of_k',
+    'target_step_seconds',
+    'draft_step_seconds',
+    'walltime',
+    'speedup_measured',
+    'speedup_predicted',
+    'speedup_predicted_theorem38',
+    'speedup_predicted_from_tokens',
+    'plain_seconds',
+    'seconds',
+    'tokens_per_second',
+    'plain_tokens_per_second',
+    'calibration',
+    'predicted_improvement',
+  }
+)
+
+# ----------------------------------------------------------------- results.
+
+
+def _batch_groups(records, batch_size):
+  groups: dict[int, list[dict[str, Any]]] = {}
+  for rec in records:
+    groups.setdefault(rec['index'] // batch_size, []).append(rec)
+  return list(groups.values())
+
+
+def _quality(metric, predictions, references):
+  return metrics_lib.compute(metric, predictions, references)
+
+
+def _gamma_results(records, gamma, batch_size, metric, costs, plain):
+  """Acceptance, calls, quality, timings and predictions of one γ."""
+  key = str(gamma)
+  specs = [rec['speculative'][key] for rec in records]
+  hist = np.sum([s['accepted_histogram'] for s in specs], axis=0)
+  tries = np.sum([s['position_tries'] for s in specs], axis=0)
+  accepts = np.sum([s['position_accepts'] for s in specs], axis=0)
+  tested = sum(s['tested'] for s in specs)
+  alpha = sum(s['beta_sum'] for s in specs) / max(tested, 1)
+  alpha = min(max(alpha, 0.0), 1.0)
+  target_calls = sum(
+    max(rec['speculative'][key]['iterations'] for rec in group)
+    for group in _batch_groups(records, batch_size)
+  )
+  tokens = sum(len(s['tokens']) for s in specs)
+  iterations = sum(s['iterations'] for s in specs)
+  seconds = sum(s['seconds'] for s in specs)
+  c = costs['c']
+  v = costs['v_of_k'][gamma + 1]
+  references = [rec['reference'] for rec in records]
+  quality = {
+    name: {'plain': plain['quality'][name], 'speculative': value}
+    for name, value in _quality(
+      metric, [s['text'] for s in specs], references
+    ).items()
+  }
+  exact = sum(bool(s['exact']) for s in specs)
+  tokens_per_call = tokens / max(iterations, 1)
+  return {
+    'gamma': gamma,
+    'exact_match_fraction': exact / len(specs),
+    'exact_match_count': exact,
+    'alpha': alpha,
+    'accepted_histogram': hist.tolist(),
+    'per_position_acceptance': (accepts / np.maximum(tries, 1)).tolist(),
+    'target_calls': target_calls,
+    'draft_calls': gamma * target_calls,
+    'mean_proposed': sum(
+      s.get('proposed', gamma * s['iterations']) for s in specs
+    )
+    / max(iterations, 1),
+    'tokens_per_call': tokens_per_call,
+    'expected_tokens_per_call': float(theory.expected_tokens(alpha, gamma)),
+    'output_tokens': tokens,
+    'quality': quality,
+    'c': c,
+    'v': v,
+    'seconds': seconds,
+    'tokens_per_second': tokens / max(seconds, 1e-12),
+    'speedup_measured': plain['seconds'] / max(seconds, 1e-12),
+    'speedup_predicted': float(theory.walltime_improvement(alpha, gamma, c, v)),
+    'speedup_predicted_theorem38': float(
+      theory.walltime_improvement(alpha, gamma, c)
+    ),
+    'speedup_predicted_from_tokens': tokens_per_call / (gamma * c + v),
+  }
+
+
+def results(records, gammas, metric, batch_size, costs) -> dict[str, Any]:
+  """results.json from the per-example records and the measured costs."""
+  references = [rec['reference'] for rec in records]
+  plain_tokens = sum(len(rec['plain_tokens']) for rec in records)
+  plain_seconds = sum(rec['plain_seconds'] for rec in records)
+  plain = {
+    'quality': _quality(metric, [r['plain'] for r in records], references),
+    'seconds': plain_seconds,
+    'output_tokens': plain_tokens,
+    'target_calls': sum(
+      max(len(rec['plain_tokens']) for rec in group)
+      for group in _batch_groups(records, batch_size)
+    ),
+  }
+  sweep = [
+    _gamma_results(records, g, batch_size, metric, costs, plain) for g in gammas
+  ]
+  top = dict(sweep[0])
+  top.update(
+    num_examples=len(records),
+    metric=metric,
+    gammas=list(gammas),
+    plain_target_calls=plain['target_calls'],
+    plain_output_tokens=plain_tokens,
+    v_of_k={str(k): v for k, v in costs['v_of_k'].items()},
+    target_step_seconds=costs['target_step_seconds'],
+    draft_step_seconds=costs['draft_step_seconds'],
+    walltime={
+      'plain_seconds': plain_seconds,
+      'speculative_seconds': sweep[0]['seconds'],
+      'plain_tokens_per_second': plain_tokens / max(plain_seconds, 1e-12),
+      'speculative_tokens_per_second': sweep[0]['tokens_per_second'],
+    },
+    plain_seconds=plain_seconds,
+    plain_tokens_per_second=plain_tokens / max(plain_seconds, 1e-12),
+    sweep=sweep if len(sweep) > 1 else [],
+  )
+  return top
+
+
+def strip_timings(obj: Any) -> Any:
+  """`obj` without the `TIMING_KEYS` entries, at any depth."""
+  if isinstance(obj, dict):
+    return {k: strip_timings(v) for k, v in obj.items() if k not in TIMING_KEYS}
+  if isinstance(obj, list):
+    return [strip_timings(v) for v in obj]
+  return obj
+
+
+# ----------------------------------------------------------------- report.
+
+
+def _f(x: float, digits: int = 2) -> str:
+  return f'{x:.{digits}f}' if math.isfinite(x) else str(x)
+
+
+def summary_markdown(r: dict[str, Any]) -> str:
+  """The run's report: a Table 4 style row, quality, acceptance, timings."""
+  label = (
+    'exact (Algorithm 1)'
+    if r['exact_algorithm']
+    else (
+      f'LENIENT l={r["lenience"]}: NOT exact, the output distribution is not '
+      "the target's"
+    )
+  )
+  lines = [
+    f'# Eval: {r["task"]}/{r["split"]}, {r["num_examples"]} examples',
+    '',
+    f'target {r["target"]}; draft {r["draft"]}; batch {r["batch_size"]}; '
+    f'temperature {r["temperature"]}; top_k {r["top_k"]}; top_p '
+    f'{r["top_p"]}; max_decode_len {r["max_decode_len"]}; {label}.',
+    '',
+  ]
+  if r.get('gamma_choice'):
+    ch = r['gamma_choice']
+    cal = ch['calibration']
+    lines += [
+      f'gamma = auto: chose {ch["gamma"]} from a calibration on '
+      f'{cal["examples"]} examples (alpha {_f(ch["alpha"], 3)}, c '
+      f'{_f(cal["c"], 3)}, predicted {_f(cal["predicted_improvement"])}x).',
+      '',
+    ]
+  rows = r['sweep'] or [r]
+  lines += [
+    '| task | draft | temp | γ | α | c | v | Exp (Thm 3.8) '
+    '| Exp E[tok]/(γc+v) | Emp | exact match |',
+    '|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for s in rows:
+    lines.append(
+      f'| {r["task"]} | {r["draft"]} | {r["temperature"]:g} | {s["gamma"]} | '
+      f'{_f(s["alpha"])} | {_f(s["c"], 3)} | {_f(s["v"])} | '
+      f'{_f(s["speedup_predicted_theorem38"])}x | '
+      f'{_f(s["speedup_predicted"])}x | {_f(s["speedup_measured"])}x | '
+      f'{_f(s["exact_match_fraction"] * 100, 1)}% |'
+    )
+  lines += [
+    '',
+    '| metric | plain | '
+    + ' | '.join(f'speculative γ={s["gamma"]}' for s in rows)
+    + ' |',
+    '|---|---|' + '---|' * len(rows),
+  ]
+  for name in r['quality']:
+    lines.append(
+      f'| {name} | {_f(r["quality"][name]["plain"])} | '
+      + ' | '.join(_f(s['quality'][name]['speculative']) for s in rows)
+      + ' |'
+    )
+  lines += [
+    '',
+    '| γ | tokens/target call | E[tokens] (iid α) | target calls '
+    '(plain) | draft calls | plain tok/s | speculative tok/s |',
+    '|---|---|---|---|---|---|---|',
+  ]
+  for s in rows:
+    lines.append(
+      f'| {s["gamma"]} | {_f(s["tokens_per_call"])} | '
+      f'{_f(s["expected_tokens_per_call"])} | {s["target_calls"]} '
+      f'({r["plain_target_calls"]}) | {s["draft_calls"]} | '
+      f'{_f(r["plain_tokens_per_second"], 1)} | '
+      f'{_f(s["tokens_per_second"], 1)} |'
+    )
+  lines += [
+    '',
+    f'Accepted draft tokens per iteration (0..{r["gamma"]}), γ = '
+    f'{r["gamma"]}: {r["accepted_histogram"]}',
+    'Per-position acceptance: '
+    + ' '.join(_f(a) for a in r['per_position_acceptance']),
+    f'Walltime (compile excluded): plain {_f(r["plain_seconds"])} s, '
+    f'speculative {_f(r["walltime"]["speculative_seconds"])} s; target '
+    f'step {_f(r["target_step_seconds"] * 1e3)} ms, draft step '
+    f'{_f(r["draft_step_seconds"] * 1e3)} ms.',
+  ]
+  if r['temperature'] > 0 and r['exact_algorithm']:
+    lines.append(
+      'Sampling: plain and speculative outputs share seeds and follow the '
+      'same distribution, but only a draft equal to the target reproduces '
+      'the plain draws token for token.'
+    )
+  return '\n'.join(lines) + '\n'
+
+
+def write_plots(r: dict[str, Any], output_dir: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  hist = np.asarray(r['accepted_histogram'], np.float64)
+  g, a = r['gamma'], r['alpha']
+  n = np.arange(g + 1)
+  iid = np.where(n < g, a**n * (1 - a), a**g)
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  ax.bar(n, hist / max(hist.sum(), 1), label='measured')
+  ax.plot(n, iid, 'ko--', label=f'iid α = {a:.2f}')
+  ax.set_xlabel('draft tokens accepted per iteration')
+  ax.set_ylabel('fraction of iterations')
+  ax.set_title(f'{r["task"]}, γ = {g}, temperature {r["temperature"]:g}')
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(output_dir, HISTOGRAM_PLOT), dpi=100)
+  plt.close(fig)
+  if r['sweep']:
+    gs = [s['gamma'] for s in r['sweep']]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for key, label, style in [
+      ('speedup_measured', 'measured', 'o-'),
+      ('speedup_predicted', 'E[tokens]/(γc+v)', 's--'),
+      ('speedup_predicted_theorem38', 'Theorem 3.8', '^:'),
+    ]:
+      ax.plot(gs, [s[key] for s in r['sweep']], style, label=label)
+    ax.axhline(1.0, color='gray', lw=0.8)
+    ax.set_xticks(gs)
+    ax.set_xlabel('γ')
+    ax.set_ylabel('speedup over plain decoding')
+    ax.set_title(f'{r["task"]}, temperature {r["temperature"]:g}')
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(output_dir, SWEEP_PLOT), dpi=100)
+    plt.close(fig)

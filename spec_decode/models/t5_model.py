@@ -1,0 +1,434 @@
+"""`Model`: a T5 network with its weights, behind the language-model protocol.
+
+A `Model` is a pytree: the parameter tree is its leaves; the config and the
+vocabulary are static aux data. Decoding loops take it as a jit argument.
+
+On the CPU backend a `Model` also carries the decoder's weights packed for
+the small-K matmul kernel (`spec_decode.kernels`): a second child of the
+pytree (so a jit argument, never a baked-in constant), applied as the Flax
+collection `'packed'`. It is built when the model is constructed, if
+`config.cpu_kernel` is on, the default backend is the CPU and the kernel
+library is available (`SPEC_DECODE_KERNEL=0` turns it off), or explicitly
+by `pack_for_cpu()`. Only decoding (`init_state`/`score`) uses it; teacher
+forcing and the encoder (many rows at once) keep `jnp.dot`. The parameter
+tree, and so every checkpoint, keeps the canonical layout.
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.t5 import cache as cache_lib
+from spec_decode.t5 import network
+from spec_decode.t5.config import PAD_ID
+from spec_decode.t5.config import T5Config
+
+
+@flax.struct.dataclass(kw_only=True)
+class T5DecodeState:
+  """Decoding state of one batch.
+
+  Attributes:
+    cross: encoder keys/values per decoder layer, `[B, H, Dh, S]`, and the
+      encoder padding mask `[B, S]`.
+    cache: self-attention keys/values per layer `[B, H, Dh, L]` and the
+      per-row index `[B] int32`.
+  """
+
+  cross: network.CrossAttentionKV
+  cache: cache_lib.KVCache
+
+
+@jax.tree_util.register_pytree_node_class
+class Model:
+  """T5 encoder-decoder weights plus config (and optional vocabulary).
+
+  Attributes:
+    config: the `T5Config` (static).
+    params: the canonical parameter tree (T5X names and layouts).
+    vocabulary: optional sentencepiece vocabulary (static).
+    packed: None, or the decoder's weights packed for the CPU kernel, a
+      tree for the Flax collection `'packed'` (see `pack_decoder`).
+    partitioner: None, or the `spec_decode.Partitioner` (static) whose mesh
+      holds the parameters in their shards; the decode state is then
+      constrained to it (batch on `data`, heads on `model`). Sharded models
+      are never packed.
+  """
+
+  partitioner: Any = None
+
+  def __init__(
+    self,
+    config: T5Config,
+    params: Any,
+    vocabulary: Any = None,
+    packed: Any = None,
+    partitioner: Any = None,
+  ):
+    """Wraps weights; packs them for the CPU kernel when that is on.
+
+    Args:
+      config: hyperparameters.
+      params: parameter tree.
+      vocabulary: optional vocabulary.
+      packed: packed decoder weights; None packs them here if
+        `cpu_kernel_enabled(config)` and `params` are concrete arrays.
+    """
+    if (
+      packed is None
+      and partitioner is None
+      and cpu_kernel_enabled(config)
+      and _concrete(params)
+    ):
+      packed = pack_decoder(config, params)
+    self.config = config
+    self.params = params
+    self.vocabulary = vocabulary
+    self.packed = packed
+    self.partitioner = partitioner
+
+  # -- pytree ---------------------------------------------------------------
+  def tree_flatten(self):
+    return (self.params, self.packed), (
+      self.config,
+      self.vocabulary,
+      self.partitioner,
+    )
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    # Not through __init__: never packs (the leaves may be tracers).
+    model = object.__new__(cls)
+    model.config, model.vocabulary, model.partitioner = aux
+    model.params, model.packed = children
+    return model
+
+  def __repr__(self) -> str:
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
+    return f'Model({self.config}, {n:,} parameters)'
+
+  # -- construction ---------------------------------------------------------
+  @property
+  def module(self) -> network.Transformer:
+    return network.Transformer(self.config)
+
+  @classmethod
+  def init(
+    cls,
+    config: T5Config,
+    seed: int = 0,
+    vocabulary: Any = None,
+    partitioner: Any = None,
+  ) -> 'Model':
+    """Random weights with T5X's initializers (created in their shards when
+    a `partitioner` is given; the values do not depend on it)."""
+    params = _init_params(config, jax.random.key(seed), partitioner)
+    return cls(config, params, vocabulary, partitioner=partitioner)
+
+  @classmethod
+  def load(cls, path: str, partitioner: Any = None, **kwargs) -> 'Model':
+    """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint.
+
+    With a `partitioner`, each tensor goes straight into its shards.
+    """
+    from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+
+    return checkpoints.load(path, partitioner=partitioner, **kwargs)
+
+  def save(self, path: str) -> None:
+    """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
+    from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+
+    checkpoints.save(self, path)
+
+  @classmethod
+  def from_gin(cls, gin_file: str, seed: int = 0, **kwargs) -> 'Model':
+    """Random weights for the T5Config a gin model file describes."""
+    from spec_decode.checkpoints import gin_model  # pylint: disable=g-import-not-at-top
+
+    return cls.init(gin_model.config_from_gin(gin_file, **kwargs), seed=seed)
+
+  def param_axes(self) -> Any:
+    """Logical axis names per parameter, as a tree of `PartitionSpec`s."""
+    return logical_axes(self.config)
+
+  def with_params(self, params: Any) -> 'Model':
+    """Same config and vocabulary, new weights (moved to the device once, so
+    jitted calls do not copy host arrays in on every call; packed again for
+    the CPU kernel when that is on; put into their shards when sharded)."""
+    if self.partitioner is not None:
+      return Model(
+        self.config,
+        self.partitioner.put_params(self.config, params),
+        self.vocabulary,
+        partitioner=self.partitioner,
+      )
+    return Model(
+      self.config, jax.tree.map(jnp.asarray, params), self.vocabulary
+    )
+
+  # -- CPU kernel -----------------------------------------------------------
+  def pack_for_cpu(self, dtype: Any = None) -> 'Model':
+    """This model with its decoder weights packed for the small-K kernel.
+
+    Packs whatever the config, backend or environment say (off the CPU, or
+    without the library, the packed weights are multiplied by an einsum).
+
+    Args:
+      dtype: float32 or bfloat16 (half the bytes read; weights rounded);
+        default: bfloat16 if `config.param_dtype` is, else float32.
+    """
+    return Model(
+      self.config,
+      self.params,
+      self.vocabulary,
+      packed=pack_decoder(self.config, self.params, dtype),
+    )
+
+  def unpacked(self) -> 'Model':
+    """This model without packed weights: decoding uses `jnp.dot`."""
+    model = object.__new__(Model)
+    model.config, model.params = self.config, self.params
+    model.vocabulary, model.packed = self.vocabulary, None
+    return model
+
+  def _decode_variables(self) -> dict[str, Any]:
+    if self.packed is None:
+      return {'params': self.params}
+    return {'params': self.params, network.PACKED: self.packed}
+
+  # -- scoring --------------------------------------------------------------
+  def logits(self, encoder_tokens, decoder_input_tokens) -> jax.Array:
+    """Teacher-forced float32 logits `[B, T, V]`."""
+    return _logits_jit(
+      self,
+      jnp.asarray(encoder_tokens, jnp.int32),
+      jnp.asarray(decoder_input_tokens, jnp.int32),
+    )
+
+  def features(self, encoder_tokens, decoder_input_tokens) -> jax.Array:
+    """Teacher-forced final decoder hidden states, float32 `[B, T, D]`.
+
+    `features[:, t]` is the hidden state (after the final norm, before the
+    vocabulary projection) from which `logits(...)[:, t]` is computed.
+    """
+    return _features_jit(
+      self,
+      jnp.asarray(encoder_tokens, jnp.int32),
+      jnp.asarray(decoder_input_tokens, jnp.int32),
+    )
+
+  def log_probs(self, encoder_tokens, decoder_tokens) -> jax.Array:
+    """`log p(x_t | x_<t, input)` at temperature 1, `[B, T]`.
+
+    `decoder_tokens [B, T]` are targets; the start id 0 is prepended
+    internally. Every position is scored, including padding after EOS:
+    callers mask what they do not want.
+    """
+    return _log_probs_jit(
+      self,
+      jnp.asarray(encoder_tokens, jnp.int32),
+      jnp.asarray(decoder_tokens, jnp.int32),
+    )
+
+  # -- language-model protocol ------------------------------------------------
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def init_state(self, encoder_tokens: jax.Array, length: int) -> T5DecodeState:
+    cfg = self.config
+    cross = self.module.apply(
+      self._decode_variables(),
+      encoder_tokens,
+      method=network.Transformer.prepare_decoder,
+    )
+    cache = cache_lib.KVCache.zeros(
+      cfg.num_decoder_layers,
+      encoder_tokens.shape[0],
+      length,
+      cfg.num_heads,
+      cfg.head_dim,
+      cfg.dtype,
+    )
+    return self._constrain(T5DecodeState(cross=cross, cache=cache))
+
+  def score(self, state: T5DecodeState, tokens: jax.Array):
+    logits, cache = self.module.apply(
+      self._decode_variables(),
+      tokens,
+      state.cross,
+      state.cache,
+      method=network.Transformer.decode,
+    )
+    return logits, self._constrain(state.replace(cache=cache))
+
+  def score_with_features(self, state: T5DecodeState, tokens: jax.Array):
+    """`score`, plus the decoder's final hidden states.
+
+    Returns:
+      `logits [B, T, V]` float32, `features [B, T, D]` float32 (after the
+      final norm, before the vocabulary projection: `features[:, t]`
+      produced `logits[:, t]`) and the new state, as `score` returns them.
+    """
+    logits, features, cache = self.module.apply(
+      self._decode_variables(),
+      tokens,
+      state.cross,
+      state.cache,
+      method=network.Transformer.decode,
+      return_features=True,
+    )
+    return logits, features, self._constrain(state.replace(cache=cache))
+
+  def _constrain(self, state: T5DecodeState) -> T5DecodeState:
+    if self.partitioner is None:
+      return state
+    return self.partitioner.constrain_state(state)
+
+  def rollback(self, state: T5DecodeState, index: jax.Array) -> T5DecodeState:
+    return state.replace(cache=state.cache.rollback(index))
+
+
+def cpu_kernel_enabled(config: T5Config) -> bool:
+  """Whether a new `Model` of `config` packs its weights for the kernel.
+
+  True when `config.cpu_kernel` is on, JAX's default backend is the CPU and
+  the kernel library is built and loadable for this machine (and not turned
+  off by `SPEC_DECODE_KERNEL=0`).
+  """
+  if not config.cpu_kernel or jax.default_backend() != 'cpu':
+    return False
+  from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
+
+  return ops.available()
+
+
+def _concrete(params: Any) -> bool:
+  leaves = jax.tree.leaves(params)
+  return bool(leaves) and all(
+    isinstance(x, (np.ndarray, jax.Array))
+    and not isinstance(x, jax.core.Tracer)
+    for x in leaves
+  )
+
+
+# Decoder weights `score` multiplies by, per layer (cross-attention keys and
+# values are projected once per input, from many rows: not packed).
+_DECODE_DENSE = (
+  ('self_attention', 'query'),
+  ('self_attention', 'key'),
+  ('self_attention', 'value'),
+  ('self_attention', 'out'),
+  ('encoder_decoder_attention', 'query'),
+  ('encoder_decoder_attention', 'out'),
+)
+
+
+def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
+  """The decoder's weights in the small-K kernel's layout.
+
+  Args:
+    config: the model's config.
+    params: its canonical parameter tree.
+    dtype: float32 or bfloat16; default: bfloat16 if `config.param_dtype`
+      is, else float32.
+
+  Returns:
+    A tree for the Flax collection `'packed'`, nested like `params`: a
+    `kernels.ops.Packed` under `kernel` for every dense layer a decoder step
+    uses, and the transposed embedding under `token_embedder/attend` when
+    the logits are tied to it.
+  """
+  from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
+
+  if dtype is None:
+    dtype = (
+      jnp.bfloat16
+      if jnp.dtype(config.param_dtype) == jnp.bfloat16
+      else jnp.float32
+    )
+
+  def pack(w):
+    return ops.pack(np.asarray(w), dtype)
+
+  dec = params['decoder']
+  packed_dec = {}
+  for i in range(config.num_decoder_layers):
+    layer = dec[f'layers_{i}']
+    out = {}
+    for block, name in _DECODE_DENSE:
+      out.setdefault(block, {})[name] = {
+        'kernel': pack(layer[block][name]['kernel'])
+      }
+    out['mlp'] = {
+      name: {'kernel': pack(sub['kernel'])}
+      for name, sub in layer['mlp'].items()
+    }
+    packed_dec[f'layers_{i}'] = out
+  packed = {'decoder': packed_dec}
+  if config.logits_via_embedding:
+    emb = np.asarray(params['token_embedder']['embedding'])
+    packed['token_embedder'] = {'attend': pack(emb.T)}
+  else:
+    packed_dec['logits_dense'] = {'kernel': pack(dec['logits_dense']['kernel'])}
+  return packed
+
+
+def _dummy_inputs():
+  return jnp.ones((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+
+
+def _init_params(
+  config: T5Config, key: jax.Array, partitioner: Any = None
+) -> Any:
+  module = network.Transformer(config)
+  if partitioner is None:
+    variables = jax.jit(module.init)(key, *_dummy_inputs())
+    return nn.meta.unbox(variables['params'])
+  init = lambda k: nn.meta.unbox(module.init(k, *_dummy_inputs())['params'])
+  return jax.jit(init, out_shardings=partitioner.param_shardings(config))(key)
+
+
+@functools.lru_cache(maxsize=32)
+def logical_axes(config: T5Config) -> Any:
+  """Tree of logical `PartitionSpec`s matching the parameter tree."""
+  module = network.Transformer(config)
+  boxed = jax.eval_shape(module.init, jax.random.key(0), *_dummy_inputs())
+  return nn.get_partition_spec(boxed)['params']
+
+
+def shift_right(tokens: jax.Array) -> jax.Array:
+  """Decoder inputs from targets: start id 0, then the targets minus one."""
+  start = jnp.full(tokens.shape[:-1] + (1,), PAD_ID, tokens.dtype)
+  return jnp.concatenate([start, tokens[..., :-1]], axis=-1)
+
+
+@jax.jit
+def _logits_jit(model: Model, encoder_tokens, decoder_input_tokens):
+  return model.module.apply(
+    {'params': model.params}, encoder_tokens, decoder_input_tokens
+  )
+
+
+@jax.jit
+def _features_jit(model: Model, encoder_tokens, decoder_input_tokens):
+  _, features = model.module.apply(
+    {'params': model.params},
+    encoder_tokens,
+    decoder_input_tokens,
+    return_features=True,
+  )
+  return features
+
+
+@jax.jit
+def _log_probs_jit(model: Model, encoder_tokens, decoder_tokens):
+  logits = _logits_jit(model, encoder_tokens, shift_right(decoder_tokens))
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return jnp.take_along_axis(logp, decoder_tokens[..., None], axis=-1)[..., 0]
