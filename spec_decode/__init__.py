@@ -2,10 +2,10 @@
 
 from spec_decode import drafters
 from spec_decode.checkpoints.loader import CheckpointError
+from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.generation import GenerateOutput
 from spec_decode.core.generation import SpecStats
 from spec_decode.core.generation import generate
-from spec_decode.core.loops import DecodeSettings
 from spec_decode.core.sampling import Sampler
 from spec_decode.core.verify import ExactVerifier
 from spec_decode.core.verify import VerifyResult

@@ -29,7 +29,7 @@ from conftest import encoder_batch
 
 import spec_decode as sd
 from spec_decode.core import drafter
-from spec_decode.core import loops
+from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.drafters import Copy
 from spec_decode.drafters import NGram
 from spec_decode.drafters.copy import lookup
@@ -231,7 +231,7 @@ def test_ngram_save_load_round_trip(tmp_path):
 def test_ngram_propose_samples_from_the_reported_q():
   """Each proposed token is drawn from its own q given the earlier ones."""
   model = NGram.fit(CORPUS, n=2, vocab_size=6)
-  settings = loops.DecodeSettings(
+  settings = DecodeSettings(
     max_decode_len=8, sampler=sd.Sampler(temperature=1.0), gamma=3
   )
   batch = 20_000

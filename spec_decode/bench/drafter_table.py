@@ -26,7 +26,7 @@ import spec_decode as sd
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.drafters import Copy
 from spec_decode.drafters import NGram
-from spec_decode.eval import drafters
+from spec_decode.eval import drafters as eval_drafters
 
 
 def encoder_tokens(task, vocabulary, split, num_examples, max_input_len):
@@ -44,7 +44,7 @@ def encoder_tokens(task, vocabulary, split, num_examples, max_input_len):
 
 def drafters(target, fit_task, max_ngram):
   vocab = target.vocabulary
-  seqs = drafters.target_sequences(fit_task, vocab, 'train')
+  seqs = eval_drafters.target_sequences(fit_task, vocab, 'train')
   v = target.vocab_size
   return {
     'unigram': NGram.fit(seqs, n=1, vocab_size=v, vocabulary=vocab),

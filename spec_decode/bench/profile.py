@@ -45,6 +45,7 @@ from spec_decode.core import generation
 from spec_decode.core import loops
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
+from spec_decode.core.decode_settings import DecodeSettings
 
 SCOPES = ('target', 'draft model', 'draft other', 'loop', 'idle')
 KINDS = ('kernel', 'dot', 'copy', 'cache write', 'reduce', 'elementwise')
@@ -459,7 +460,7 @@ def profile_iteration(
     `hlo` (`hlo_summary`).
   """
   enc = jnp.asarray(encoder_tokens, jnp.int32)
-  settings = loops.DecodeSettings(
+  settings = DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampling.Sampler(),
     gamma=int(gamma),

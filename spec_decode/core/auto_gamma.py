@@ -12,8 +12,8 @@ import numpy as np
 
 from spec_decode import theory
 from spec_decode.core import costs
-from spec_decode.core import loops
 from spec_decode.core import sampling
+from spec_decode.core.decode_settings import DecodeSettings
 
 CALIBRATION_GAMMA = 4
 MAX_GAMMA = 8
@@ -48,7 +48,7 @@ def choose(
   batch = int(np.shape(encoder_tokens)[0])
   key = (id(target), id(draft), batch)
   if key not in _cost_cache:
-    settings = loops.DecodeSettings(
+    settings = DecodeSettings(
       max_decode_len=1,
       sampler=sampling.Sampler(
         float(generate_kwargs.get('temperature', 0.0)),

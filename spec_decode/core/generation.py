@@ -11,10 +11,11 @@ from spec_decode.core import auto_gamma
 from spec_decode.core import loops
 from spec_decode.core import sampling
 from spec_decode.core import verify
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import LanguageModel
 from spec_decode.parallel import multihost
 from spec_decode.parallel import partitioning
-from spec_decode.t5.config import EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +265,7 @@ def generate(
       eos_id=eos_id,
     )
     gamma = gamma_choice['gamma']
-  settings = loops.DecodeSettings(
+  settings = DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
     gamma=int(gamma) if draft is not None else 1,

@@ -15,8 +15,6 @@ seed, never on its batch mates, and a draft equal to the target draws exactly
 the tokens plain sampling draws.
 """
 
-import dataclasses
-
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -25,39 +23,12 @@ from jax import lax
 from spec_decode.core import drafter as drafter_base
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
-from spec_decode.core import verify
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.ids import PAD_ID
 from spec_decode.core.protocol import LanguageModel
-from spec_decode.t5.config import EOS_ID
-from spec_decode.t5.config import PAD_ID
 
 # `purpose` of a draw at one position (see module docstring).
 _SAMPLE, _ACCEPT, _RESIDUAL = 0, 1, 2
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeSettings:
-  """Static settings of a decode (hashable: part of the jit cache key).
-
-  Attributes:
-    max_decode_len: M, output tokens per row at most (EOS included).
-    sampler: logits -> distribution, shared by draft and target.
-    gamma: G, draft tokens per iteration (speculative only).
-    verifier: Algorithm 1 or a variant with the same signature.
-    eos_id: end-of-sequence id.
-    dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
-      where its confidence drops below tau (`drafters.model_drafter`).
-  """
-
-  max_decode_len: int
-  sampler: sampling.Sampler = sampling.Sampler()
-  gamma: int = 4
-  verifier: verify.Verifier = verify.ExactVerifier()
-  eos_id: int = EOS_ID
-  dynamic_gamma: float = 0.0
-
-  @property
-  def buffer_len(self) -> int:
-    return self.max_decode_len + self.gamma + 2
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode.core import drafter
-from spec_decode.t5.config import PAD_ID
+from spec_decode.core.ids import PAD_ID
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -40,8 +40,8 @@ import numpy as np
 
 from spec_decode.core import drafter
 from spec_decode.core import sampling
-from spec_decode.t5.config import EOS_ID
-from spec_decode.t5.config import PAD_ID
+from spec_decode.core.ids import EOS_ID
+from spec_decode.core.ids import PAD_ID
 
 _EMPTY = -1  # Key of an unused bucket (token ids are >= 0).
 

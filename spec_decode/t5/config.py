@@ -7,9 +7,9 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-PAD_ID = 0  # Also the decoder start token, as in T5.
-EOS_ID = 1
-UNK_ID = 2
+from spec_decode.core.ids import EOS_ID  # noqa: F401 (re-exported)
+from spec_decode.core.ids import PAD_ID  # noqa: F401
+from spec_decode.core.ids import UNK_ID  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)

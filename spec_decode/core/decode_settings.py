@@ -1,0 +1,33 @@
+"""The static settings of a decode (part of every jit cache key)."""
+
+import dataclasses
+
+from spec_decode.core import sampling
+from spec_decode.core import verify
+from spec_decode.core.ids import EOS_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+  """Static settings of a decode (hashable: part of the jit cache key).
+
+  Attributes:
+    max_decode_len: M, output tokens per row at most (EOS included).
+    sampler: logits -> distribution, shared by draft and target.
+    gamma: G, draft tokens per iteration (speculative only).
+    verifier: Algorithm 1 or a variant with the same signature.
+    eos_id: end-of-sequence id.
+    dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
+      where its confidence drops below tau (`drafters.model_drafter`).
+  """
+
+  max_decode_len: int
+  sampler: sampling.Sampler = sampling.Sampler()
+  gamma: int = 4
+  verifier: verify.Verifier = verify.ExactVerifier()
+  eos_id: int = EOS_ID
+  dynamic_gamma: float = 0.0
+
+  @property
+  def buffer_len(self) -> int:
+    return self.max_decode_len + self.gamma + 2
