@@ -1,7 +1,7 @@
 """spec_decode: exact speculative decoding for T5 encoder-decoders in JAX."""
 
 from spec_decode import drafters
-from spec_decode.checkpoints.loader import CheckpointError
+from spec_decode.checkpoints import CheckpointError
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.generation import GenerateOutput
 from spec_decode.core.generation import SpecStats

@@ -6,6 +6,11 @@ spec-decode train    gin-configured training (the demo pair)
 spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
 spec-decode theory   the paper's section 3 tables and figures
 spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
+spec-decode data     build the offline Debian data; train the demo vocabulary
+spec-decode build-kernel  compile the small-M CPU kernel (make install does)
+
+`spec-decode <command> --help` describes each. This is the only entry point:
+no module of the package runs as `python -m` on its own.
 """
 
 import importlib
@@ -16,10 +21,12 @@ import sys
 _COMMANDS = {
   'demo': 'spec_decode.demo',
   'eval': 'spec_decode.eval.cli',
-  'train': 'spec_decode.train.lm',
-  'bench': 'spec_decode.bench.speed',
+  'train': 'spec_decode.train.cli',
+  'bench': 'spec_decode.bench.cli',
   'theory': 'spec_decode.theory.cli',
   'convert': 'spec_decode.checkpoints.convert',
+  'data': 'spec_decode.data.cli',
+  'build-kernel': 'spec_decode.kernels.build',
 }
 _DEFAULT = 'demo'
 # Jobs that may run on a TPU pod: every host joins before JAX is used.

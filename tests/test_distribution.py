@@ -22,6 +22,7 @@ from _distribution_util import target_model
 from conftest import tiny_config
 
 import spec_decode as sd
+from spec_decode.core import sampling
 from spec_decode.core import verify
 
 
@@ -51,7 +52,7 @@ class ResidualDroppingVerifier:
       num_proposed=num_proposed,
     )
     rows = jnp.arange(p.shape[0])
-    wrong = jax.vmap(sd.sampling.sample)(
+    wrong = jax.vmap(sampling.sample)(
       residual_keys[rows, exact.accepted], p[rows, exact.accepted]
     )
     num = q.shape[1] if num_proposed is None else num_proposed

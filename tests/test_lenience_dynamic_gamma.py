@@ -18,6 +18,7 @@ from scipy import stats
 
 import spec_decode as sd
 from spec_decode.core import verify
+from spec_decode.models.t5_model import shift_right
 
 # ----------------------------------------------------------- lenient sampling
 
@@ -147,7 +148,7 @@ def test_lenient_argmax_keeps_tokens_close_to_the_max(target):
   assert not np.array_equal(lenient.tokens, plain.tokens)
   tokens = lenient.tokens
   logits = np.asarray(
-    target.logits(enc, sd.models.shift_right(tokens)), np.float64
+    target.logits(enc, shift_right(tokens)), np.float64
   )
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   ratio = np.take_along_axis(probs, tokens[..., None], -1)[..., 0]

@@ -12,7 +12,11 @@ import argparse
 import sys
 import time
 
+import jax
+import numpy as np
+
 from spec_decode import checkpoints
+from spec_decode.checkpoints import gin_model
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import T5Config
 
@@ -69,24 +73,27 @@ def main(argv=None) -> int:
     )
   start = time.perf_counter()
   try:
-    fmt, _ = checkpoints.detect_format(args.source)
-    model = checkpoints.load(
+    if args.gin_file:
+      if config is not None:
+        raise ValueError('pass --config or --gin_file, not both')
+      config = gin_model.config_from_gin(args.gin_file)
+    ckpt = checkpoints.read(
       args.source,
       config=config,
       dtype=args.dtype,
-      gin_file=args.gin_file,
       vocabulary=vocabulary,
       progress=True,
     )
-    checkpoints.save(model, args.target)
+    checkpoints.write(args.target, ckpt.config, ckpt.params, ckpt.vocabulary)
   except (OSError, ValueError) as e:
     print(f'spec-decode convert: error: {e}', file=sys.stderr)
     return 1
   print(
-    f'converted {fmt} checkpoint {args.source} -> {args.target}: {model} '
+    f'converted {ckpt.format} checkpoint {args.source} -> {args.target}: '
+    f'{ckpt.config}, {_count(ckpt.params):,} parameters '
     f'in {time.perf_counter() - start:.1f}s'
   )
-  if model.vocabulary is None:
+  if ckpt.vocabulary is None:
     print(
       'warning: no vocabulary stored (pass --vocab spiece.model)',
       file=sys.stderr,
@@ -94,5 +101,5 @@ def main(argv=None) -> int:
   return 0
 
 
-if __name__ == '__main__':
-  sys.exit(main())
+def _count(params) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))

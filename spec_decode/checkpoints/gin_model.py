@@ -101,7 +101,8 @@ class _Reader:
       text = f.read()
     # Includes resolve against the search paths, as gin's do, and then next
     # to the including file (T5X's files include siblings by full path).
-    self.read_text(text, path, [*self.search_paths, os.path.dirname(path)], depth)
+    here = [*self.search_paths, os.path.dirname(path)]
+    self.read_text(text, path, here, depth)
 
   def read_text(
     self, text: str, origin: str, include_paths: Sequence[str], depth: int

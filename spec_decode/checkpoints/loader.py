@@ -1,19 +1,21 @@
-"""Loading and saving models: our orbax directories, Hugging Face, T5X.
+"""Reading and writing checkpoints: our orbax directories, Hugging Face, T5X.
 
-`load` detects the format of a directory:
-  * ours (written by `save`): `params/` (an orbax checkpoint of the parameter
+`read` detects the format of a directory and returns config, parameters and
+vocabulary (`Model.load` builds the model from them):
+  * ours (written by `write`): `params/` (an orbax checkpoint of the parameter
     tree), `config.json` (`T5Config.to_json`) and, when the model has one,
     `spiece.model` plus `vocabulary.json` (`{"extra_ids": 100}`);
   * a Hugging Face T5 directory (`config.json` + safetensors or torch
-    weights; see `hf_checkpoint`);
+    weights; see `huggingface.py`);
   * a T5X checkpoint directory (`checkpoint` msgpack + zarr arrays; see
-    `t5x_checkpoint`), or a T5X model directory holding `checkpoint_<step>`
+    `t5x.py`), or a T5X model directory holding `checkpoint_<step>`
     subdirectories (the latest step is loaded).
 
 Every format is read one tensor at a time, cast straight to the requested
 dtype, after the names and shapes were checked against the config.
 """
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -39,7 +41,6 @@ ORBAX = 'orbax'
 HUGGING_FACE = 'huggingface'
 T5X = 't5x'
 
-__all__ = ['CheckpointError', 'detect_format', 'load', 'save']
 
 
 def detect_format(path: str) -> tuple[str, str]:
@@ -79,64 +80,62 @@ def detect_format(path: str) -> tuple[str, str]:
   )
 
 
-def load(
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """What a checkpoint directory holds, read into memory.
+
+  Attributes:
+    config: the hyperparameters (stored, or given to `read`).
+    params: the parameter tree (T5X names), in the storage dtype.
+    vocabulary: the sentencepiece vocabulary, or None (T5X stores none).
+    format: `ORBAX`, `HUGGING_FACE` or `T5X`.
+  """
+
+  config: T5Config
+  params: Any
+  vocabulary: vocab_lib.Vocabulary | None
+  format: str
+
+
+def read(
   path: str,
   config: T5Config | None = None,
   dtype: Any = None,
-  gin_file: str | None = None,
   vocabulary: vocab_lib.Vocabulary | None = None,
   progress: bool = False,
-  partitioner: Any = None,
-):
-  """Loads a `Model` from any supported checkpoint directory.
+  shardings: Callable[[T5Config], dict[str, Any]] | None = None,
+) -> Checkpoint:
+  """Reads any supported checkpoint directory (`Model.load` wraps this).
 
   Args:
     path: our directory, a Hugging Face T5 directory, or a T5X checkpoint
       (or model) directory.
-    config: hyperparameters; required for T5X unless `gin_file` is given.
-      For our and Hugging Face directories it replaces the stored config (the
-      shapes must still agree).
+    config: hyperparameters; required for T5X. For our and Hugging Face
+      directories it replaces the stored config (the shapes must agree).
     dtype: parameter storage dtype (e.g. `'bfloat16'`); default the config's
-      `param_dtype` (float32). Activations follow `config.dtype`.
-    gin_file: a gin model file (e.g. `models/t5_1_1/xxl.gin`) giving the
-      hyperparameters, instead of `config`.
+      `param_dtype` (float32).
     vocabulary: overrides (or supplies, for T5X) the vocabulary.
     progress: show a tqdm progress bar over tensors.
-    partitioner: a `Partitioner`: each tensor is restored straight into its
-      shards, and the model carries the partitioner.
-
-  Returns:
-    A `Model`.
+    shardings: config -> {'a/b/kernel': Sharding}; each tensor is read
+      straight into its shards.
 
   Raises:
     FileNotFoundError: `path` or a file it needs does not exist.
     CheckpointError: unknown format, corrupt file, or weights disagreeing
       with the config.
   """
-  from spec_decode.models import t5_model  # pylint: disable=g-import-not-at-top
-
-  if config is not None and gin_file is not None:
-    raise ValueError('pass config or gin_file, not both')
-  if gin_file is not None:
-    from spec_decode.checkpoints import gin_model  # pylint: disable=g-import-not-at-top
-
-    config = gin_model.config_from_gin(gin_file)
   fmt, directory = detect_format(path)
   wrap = _progress_bar(directory) if progress else None
-  shardings = lambda cfg: (
-    partitioner.param_shardings_flat(cfg) if partitioner else None
-  )
+  placed = lambda cfg: shardings(cfg) if shardings else None
   if fmt == ORBAX:
     stored, vocab = _read_ours(directory)
     config = _with_dtype(config or stored, dtype)
-    params = _restore_orbax(directory, config, wrap, shardings(config))
+    params = _restore_orbax(directory, config, wrap, placed(config))
   elif fmt == HUGGING_FACE:
     stored, scaled = huggingface.load_hf_config(directory)
     config = _with_dtype(config or stored, dtype)
     source = huggingface.HFSource(directory, config, scaled)
-    params = assemble.assemble_params(
-      config, source, wrap, shardings(config)
-    )
+    params = assemble.assemble_params(config, source, wrap, placed(config))
     vocab = huggingface.load_vocabulary(directory)
   else:
     if config is None:
@@ -146,15 +145,11 @@ def load(
       )
     config = _with_dtype(config, dtype)
     source = t5x.T5XSource(directory)
-    params = assemble.assemble_params(
-      config, source, wrap, shardings(config)
-    )
+    params = assemble.assemble_params(config, source, wrap, placed(config))
     vocab = None
   vocab = vocabulary if vocabulary is not None else vocab
   _check_vocab_fits(vocab, config, directory)
-  if partitioner is not None:
-    return t5_model.Model(config, params, vocab, partitioner=partitioner)
-  return t5_model.Model(config, params, vocab)
+  return Checkpoint(config, params, vocab, fmt)
 
 
 def _with_dtype(config: T5Config, dtype: Any) -> T5Config:
@@ -296,14 +291,19 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
   return flax.traverse_util.unflatten_dict(flat, sep='/')
 
 
-def save(model, path: str) -> None:
-  """Writes `model` to a new directory `path` in our format.
+def write(
+  path: str,
+  config: T5Config,
+  params: Any,
+  vocabulary: vocab_lib.Vocabulary | None = None,
+) -> None:
+  """Writes a model to a new directory `path` in our format.
 
   Raises:
     FileExistsError: `path` exists and is not empty.
   """
-  path = save_arrays(path, model.params)
+  path = save_arrays(path, params)
   with open(os.path.join(path, CONFIG_FILE), 'w') as f:
-    f.write(model.config.to_json())
-  if model.vocabulary is not None:
-    write_vocabulary(path, model.vocabulary)
+    f.write(config.to_json())
+  if vocabulary is not None:
+    write_vocabulary(path, vocabulary)

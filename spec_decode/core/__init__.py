@@ -1,0 +1,19 @@
+"""The engine: speculative decoding for any pair of language models.
+
+No gin, no files, no T5 specifics. The loops talk to models only through
+`protocol.LanguageModel` and to drafters only through `drafter.Drafter`.
+
+  protocol.py        the language-model protocol (init_state, score, rollback)
+  drafter.py         the drafter protocol (propose) and its data
+  model_drafter.py   any language model as a drafter (G autoregressive steps)
+  sampling.py        logits -> distribution (argmax, temperature, top-k/p)
+  verify.py          Algorithm 1: accept/reject, residual, bonus token
+  verify_block.py    one proposed block verified, with the per-row draw keys
+  decode_settings.py the static settings of a decode
+  loops.py           plain and speculative `lax.while_loop`s
+  generation.py      `generate`: checks, keys, placement, stats
+  placement.py       the mesh interface generate needs; host arrays
+  costs.py           timing c and v(k)
+  auto_gamma.py      gamma='auto' from a measured alpha and timings
+  ids.py             pad/start, EOS and unk ids
+"""

@@ -1,7 +1,8 @@
 """Auto-gamma for `generate(..., gamma='auto')`: calibrate, then choose.
 
-A calibration decode of the batch at `CALIBRATION_GAMMA` measures alpha (the
-mean of beta over tested positions); c and v(k) are timed (`costs.measure`,
+`generate` runs a calibration decode of the batch at `CALIBRATION_GAMMA`
+and passes the alpha it measured (the mean of beta over tested positions);
+this module never decodes. c and v(k) are timed (`costs.measure`,
 cached per target, draft and batch size: they do not depend on the inputs);
 `theory.choose_gamma` maximizes the generalized Theorem 3.8 over them.
 """
@@ -24,38 +25,31 @@ _cost_cache: dict[tuple[int, int, int], dict[str, Any]] = {}
 def choose(
   target: Any,
   draft: Any,
-  encoder_tokens: np.ndarray,
+  alpha: float,
+  batch: int,
+  sampler: sampling.Sampler,
   *,
   max_gamma: int = MAX_GAMMA,
-  **generate_kwargs,
 ) -> dict[str, Any]:
-  """Measures alpha on `encoder_tokens`, times c and v(k), picks gamma.
+  """Times c and v(k) (cached) and picks gamma for a measured `alpha`.
+
+  Args:
+    target: the target language model.
+    draft: the draft (language model or drafter).
+    alpha: the acceptance rate measured by a calibration decode.
+    batch: rows per decode (the timings depend on it).
+    sampler: the decode's logits -> distribution map.
+    max_gamma: the largest gamma considered.
 
   Returns:
     `{'gamma', 'alpha', 'c', 'v_of_k', 'predicted_improvement',
     'calibration_gamma'}`.
   """
-  from spec_decode.core import generation  # pylint: disable=g-import-not-at-top
-
-  out = generation.generate(
-    target,
-    encoder_tokens,
-    draft=draft,
-    gamma=CALIBRATION_GAMMA,
-    **generate_kwargs,
-  )
-  alpha = float(np.clip(out.stats.alpha, 0.0, 1.0))
-  batch = int(np.shape(encoder_tokens)[0])
+  alpha = float(np.clip(alpha, 0.0, 1.0))
   key = (id(target), id(draft), batch)
   if key not in _cost_cache:
     settings = DecodeSettings(
-      max_decode_len=1,
-      sampler=sampling.Sampler(
-        float(generate_kwargs.get('temperature', 0.0)),
-        generate_kwargs.get('top_k', 0),
-        generate_kwargs.get('top_p', 1.0),
-      ),
-      gamma=CALIBRATION_GAMMA,
+      max_decode_len=1, sampler=sampler, gamma=CALIBRATION_GAMMA
     )
     _cost_cache[key] = costs.measure(
       target, draft, range(1, max_gamma + 2), batch, _REPEATS, settings

@@ -19,6 +19,7 @@ from jax import lax
 
 from spec_decode.core import drafter as drafter_base
 from spec_decode.core import sampling
+from spec_decode.core.decode_settings import DecodeSettings
 
 
 def median_time(fn, repeats: int) -> float:
@@ -146,7 +147,7 @@ def _repeated_propose(drafter, state, context, settings, calls: int):
 
 def propose_time(
   drafter: Any,
-  settings: Any,
+  settings: DecodeSettings,
   repeats: int,
   batch: int = 1,
   feature_size: int = 0,
@@ -188,7 +189,7 @@ def measure(
   ks: Sequence[int],
   batch: int,
   repeats: int,
-  settings: Any = None,
+  settings: DecodeSettings | None = None,
 ) -> dict[str, Any]:
   """c and v(k) for a target and a draft (a model or a drafter).
 

@@ -20,6 +20,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_decode.core.decode_settings import DecodeSettings
+
 DraftState = Any  # A pytree whose leaves have a leading batch axis.
 
 
@@ -84,7 +86,7 @@ class Drafter(Protocol):
     ...
 
   def propose(
-    self, state: DraftState, context: DraftContext, settings: Any
+    self, state: DraftState, context: DraftContext, settings: DecodeSettings
   ) -> tuple[Proposal, DraftState]:
     """Proposes `settings.gamma` tokens per row.
 

@@ -9,13 +9,12 @@ import numpy as np
 
 from spec_decode.core import auto_gamma
 from spec_decode.core import loops
+from spec_decode.core import placement
 from spec_decode.core import sampling
 from spec_decode.core import verify
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import LanguageModel
-from spec_decode.parallel import multihost
-from spec_decode.parallel import partitioning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +211,8 @@ def generate(
   copies of the last row, dropped again from the results), an unsharded
   draft is replicated on the mesh, and the loop is one program over all
   devices. On several hosts, pass the global array of
-  `multihost.global_batch` as `encoder_tokens`; every host gets the whole
-  result.
+  `parallel.multihost.global_batch` as `encoder_tokens`; every host gets
+  the whole result.
 
   Returns:
     `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
@@ -245,39 +244,26 @@ def generate(
     raise ValueError(
       f'max_decode_len must be an int >= 1, got {max_decode_len!r}'
     )
-  spans_hosts = multihost.is_global(encoder_tokens)
-  tokens = _check_tokens(multihost.local_data(encoder_tokens), model.vocab_size)
+  spans_hosts = placement.is_global(encoder_tokens)
+  tokens = _check_tokens(placement.local_data(encoder_tokens), model.vocab_size)
   if draft is not None:
     check_pair(model, draft)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
-  keys = row_keys(seed, batch)
-  gamma_choice = None
-  if auto and draft is not None:
-    gamma_choice = auto_gamma.choose(
-      model,
-      draft,
-      encoder_tokens if spans_hosts else tokens,
-      temperature=temperature,
-      top_k=top_k,
-      top_p=top_p,
-      max_decode_len=max_decode_len,
-      seed=seed,
-      eos_id=eos_id,
-    )
-    gamma = gamma_choice['gamma']
   settings = DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
-    gamma=int(gamma) if draft is not None else 1,
+    gamma=auto_gamma.CALIBRATION_GAMMA if auto else int(gamma),
     verifier=verifier or verify.ExactVerifier(float(lenience)),
     eos_id=eos_id,
     dynamic_gamma=tau if draft is not None else 0.0,
   )
-  partitioner = partitioning.partitioner_of(model, draft)
-  if partitioner is not None:
-    model, draft = partitioner.place(model), partitioner.place(draft)
-    enc, keys = _sharded_inputs(
-      partitioner, encoder_tokens if spans_hosts else tokens, keys
+  if draft is None:
+    settings = dataclasses.replace(settings, gamma=1)
+  mesh = placement.placement_of(model, draft)
+  if mesh is not None:
+    model, draft = mesh.place(model), mesh.place(draft)
+    enc, keys = placement.sharded_inputs(
+      mesh, encoder_tokens if spans_hosts else tokens, row_keys(seed, batch)
     )
   elif spans_hosts:
     raise ValueError(
@@ -285,22 +271,33 @@ def generate(
       'sharded (Model.init/load(..., partitioner=...))'
     )
   else:
-    enc = jnp.asarray(tokens)
+    enc, keys = jnp.asarray(tokens), row_keys(seed, batch)
   if draft is None:
-    out, lengths = multihost.to_host(
+    out, lengths = placement.to_host(
       loops.plain_decode_jit(model, enc, keys, settings=settings)
     )
     return GenerateOutput(out[:batch], lengths[:batch], None)
-  out, lengths, counters = multihost.to_host(
+  gamma_choice = None
+  if auto:
+    # A calibration decode of this batch measures alpha; the costs are
+    # timed (and cached) by `auto_gamma`, which never decodes.
+    calibration = _speculative(model, draft, enc, keys, settings, batch)
+    gamma_choice = auto_gamma.choose(
+      model, draft, calibration.stats.alpha, batch, sampler
+    )
+    settings = dataclasses.replace(settings, gamma=gamma_choice['gamma'])
+  out = _speculative(model, draft, enc, keys, settings, batch)
+  return dataclasses.replace(out, gamma_choice=gamma_choice)
+
+
+def _speculative(model, draft, enc, keys, settings, batch) -> GenerateOutput:
+  out, lengths, counters = placement.to_host(
     loops.speculative_decode_jit(model, draft, enc, keys, settings=settings)
   )
   counters = jax.tree.map(lambda x: x[:batch], counters)
   lengths = lengths[:batch]
   return GenerateOutput(
-    out[:batch],
-    lengths,
-    SpecStats.from_counters(counters, lengths),
-    gamma_choice,
+    out[:batch], lengths, SpecStats.from_counters(counters, lengths)
   )
 
 
@@ -318,32 +315,3 @@ def _confidence_threshold(dynamic_gamma: Any) -> float:
     'dynamic_gamma must be False, True or a confidence threshold in '
     f'(0, 1), got {dynamic_gamma!r}'
   )
-
-
-def _sharded_inputs(
-  partitioner: partitioning.Partitioner, tokens: Any, keys: jax.Array
-):
-  """Encoder tokens and row keys with the batch on `data`.
-
-  Pads the batch to a multiple of the `data` size with copies of the last
-  row (and its seed); rows are independent, so the real rows' results do
-  not change. A batch spanning hosts must already be a multiple.
-  """
-  batch = tokens.shape[0]
-  padded = partitioner.padded_batch(batch)
-  if padded != batch:
-    if multihost.is_global(tokens):
-      raise ValueError(
-        f'a batch of {batch} rows spanning hosts must be a '
-        f'multiple of the data axis ({partitioner.data_size})'
-      )
-    extra = padded - batch
-    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], extra, 0)])
-    keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])
-  key_data = partitioner.shard_batch(np.asarray(jax.random.key_data(keys)))
-  keys = jax.random.wrap_key_data(key_data, impl=jax.random.key_impl(keys))
-  if multihost.is_global(tokens):
-    enc = jax.device_put(tokens, partitioner.batch_sharding(2))
-  else:
-    enc = partitioner.shard_batch(tokens)
-  return enc, keys

@@ -10,9 +10,9 @@ output tokens has its target state at index `n`: it holds inputs `0..n-1`,
 and input `n` (the newest token) is fed next.
 
 Randomness: every row has its own key; the draws for output token `k` use
-`fold_in(fold_in(row_key, k), purpose)`, so a row's tokens depend only on its
-seed, never on its batch mates, and a draft equal to the target draws exactly
-the tokens plain sampling draws.
+`fold_in(fold_in(row_key, k), purpose)` (`verify_block`), so a row's tokens
+depend only on its seed, never on its batch mates, and a draft equal to the
+target draws exactly the tokens plain sampling draws.
 """
 
 import flax.struct
@@ -20,15 +20,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spec_decode.core import drafter as drafter_base
+from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
+from spec_decode.core import verify_block
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import PAD_ID
 from spec_decode.core.protocol import LanguageModel
-
-# `purpose` of a draw at one position (see module docstring).
-_SAMPLE, _ACCEPT, _RESIDUAL = 0, 1, 2
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -89,9 +87,6 @@ class LoopState:
   draft: object = None
   counters: SpecCounters | None = None
   features: jax.Array | None = None
-
-
-position_keys = sampling.position_keys
 
 
 def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
@@ -175,7 +170,9 @@ def plain_decode(
     last = _gather(state.inputs, n[:, None])
     tgt = target.rollback(state.target, n)
     logits, tgt = target.score(tgt, last)
-    keys = position_keys(row_keys, (n + 1)[:, None], _SAMPLE)[:, 0]
+    keys = sampling.position_keys(
+      row_keys, (n + 1)[:, None], verify_block.SAMPLE
+    )[:, 0]
     token, _ = sampling.draw_tokens(sampler, keys, logits[:, 0])
     inputs, length, done, _ = _commit(
       state, token[:, None], jnp.ones_like(n), settings
@@ -187,41 +184,6 @@ def plain_decode(
   state = _init_loop(target, encoder_tokens, settings)
   state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
   return _outputs(state, settings)
-
-
-def _verify(
-  settings: DecodeSettings,
-  logits: jax.Array,
-  proposal: drafter_base.Proposal,
-  row_keys: jax.Array,
-  positions: jax.Array,
-):
-  """Runs the verifier on target `logits [B, G+1, V]` and the proposal."""
-  g = settings.gamma
-  sampler = settings.sampler
-  verifier = settings.verifier
-  draft_tokens, q, num = proposal.tokens, proposal.q, proposal.num
-  extra = {} if num is None else {'num_proposed': num}
-  greedy_path = getattr(verifier, 'greedy', None)
-  if sampler.is_greedy and greedy_path is not None:
-    if getattr(verifier, 'lenience', 1.0) < 1.0:
-      extra['target_logits'] = logits
-    return greedy_path(sampling.argmax(logits), draft_tokens, **extra)
-  if q is None:  # Greedy draft, verifier without a greedy path.
-    q = jax.nn.one_hot(draft_tokens, logits.shape[-1], dtype=jnp.float32)
-  uniforms = jax.vmap(
-    jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))
-  )(position_keys(row_keys, positions[:, :g], _ACCEPT))
-  return verifier(
-    sampler.probs(logits),
-    q,
-    draft_tokens,
-    uniforms=uniforms,
-    bonus_keys=position_keys(row_keys, positions, _SAMPLE),
-    residual_keys=position_keys(row_keys, positions, _RESIDUAL),
-    greedy=sampler.is_greedy,
-    **extra,
-  )
 
 
 def _score_target(target, state, tokens, with_features: bool):
@@ -254,21 +216,23 @@ def speculative_decode(
   """
   g = settings.gamma
   batch = encoder_tokens.shape[0]
-  drafter = model_drafter.as_drafter(draft)
-  with_features = bool(getattr(drafter, 'uses_target_features', False))
+  proposer = model_drafter.as_drafter(draft)
+  with_features = bool(getattr(proposer, 'uses_target_features', False))
 
   def body(state: LoopState) -> LoopState:
     n = state.length
     active = ~state.done
     positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
-    context = drafter_base.DraftContext(
+    context = drafter.DraftContext(
       inputs=state.inputs,
       length=n,
       encoder_tokens=encoder_tokens,
-      keys=position_keys(row_keys, positions[:, :g], _SAMPLE),
+      keys=sampling.position_keys(
+        row_keys, positions[:, :g], verify_block.SAMPLE
+      ),
       target_features=state.features,
     )
-    proposal, ds = drafter.propose(state.draft, context, settings)
+    proposal, ds = proposer.propose(state.draft, context, settings)
     draft_tokens = proposal.tokens
     newest = _gather(state.inputs, n[:, None])
     tgt = target.rollback(state.target, n)
@@ -278,7 +242,9 @@ def speculative_decode(
       jnp.concatenate([newest, draft_tokens], axis=1),
       with_features,
     )
-    result = _verify(settings, logits, proposal, row_keys, positions)
+    result, _ = verify_block.verify_block(
+      settings.verifier, settings.sampler, logits, proposal, row_keys, positions
+    )
     a = result.accepted
     offsets = jnp.arange(g + 1)[None]
     block = jnp.where(
@@ -329,7 +295,7 @@ def speculative_decode(
     size = getattr(target, 'feature_size', None) or target.config.emb_dim
     features = jnp.zeros((batch, size), jnp.float32)
   state = state.replace(
-    draft=drafter.init_draft(encoder_tokens, settings.buffer_len),
+    draft=proposer.init_draft(encoder_tokens, settings.buffer_len),
     counters=SpecCounters.zeros(batch, g),
     features=features,
   )

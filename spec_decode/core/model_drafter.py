@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from spec_decode.core import sampling
+from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.drafter import DraftContext
 from spec_decode.core.drafter import Proposal
 from spec_decode.core.drafter import full_proposal
@@ -48,7 +49,10 @@ class ModelDrafter:
     return self.model.init_state(encoder_tokens, length)
 
   def propose(
-    self, state: DecodeState, context: DraftContext, settings
+    self,
+    state: DecodeState,
+    context: DraftContext,
+    settings: DecodeSettings,
   ) -> tuple[Proposal, DecodeState]:
     model, sampler, keys = self.model, settings.sampler, context.keys
     n = context.length
@@ -62,7 +66,7 @@ class ModelDrafter:
     ds = model.rollback(ds, n + 1)
     x1, q1 = sampling.draw_tokens(sampler, keys[:, 0], first_logits)
     step_keys = jnp.swapaxes(keys[:, 1:], 0, 1)
-    tau = float(getattr(settings, 'dynamic_gamma', 0.0) or 0.0)
+    tau = settings.dynamic_gamma
     if tau > 0.0:
       tokens, qs, num, ds = _dynamic_steps(
         model, sampler, ds, x1, step_keys, tau

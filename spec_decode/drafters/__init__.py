@@ -1,11 +1,12 @@
 """Drafters: what proposes tokens for the target to verify.
 
 Any language model (`spec_decode.core.protocol`) drafts through `ModelDrafter`;
-the others implement the drafter protocol (`drafters.base`) directly.
+the others implement the drafter protocol (`spec_decode.core.drafter`)
+directly. This package holds protocol implementations only; the benchmark's
+controlled-acceptance draft is `spec_decode.bench.controlled`.
 Pass any of them as `draft=` to `spec_decode.generate`.
 """
 
-from spec_decode.bench.controlled import ControlledDraft
 from spec_decode.core.drafter import DraftContext
 from spec_decode.core.drafter import Drafter
 from spec_decode.core.drafter import Proposal
@@ -16,7 +17,6 @@ from spec_decode.drafters.hierarchical import Hierarchical
 from spec_decode.drafters.ngram import NGram
 
 __all__ = [
-  'ControlledDraft',
   'Copy',
   'DraftContext',
   'Drafter',

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode.core import drafter
+from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import PAD_ID
 
 
@@ -62,7 +63,7 @@ class Copy:
     return None
 
   def propose(
-    self, state: None, context: drafter.DraftContext, settings: Any
+    self, state: None, context: drafter.DraftContext, settings: DecodeSettings
   ) -> tuple[drafter.Proposal, None]:
     tokens, num = lookup(
       context.inputs,

@@ -35,6 +35,7 @@ import numpy as np
 from spec_decode import checkpoints
 from spec_decode.core import drafter
 from spec_decode.core import sampling
+from spec_decode.core.decode_settings import DecodeSettings
 
 INFO_FILE = 'heads.json'
 
@@ -174,7 +175,10 @@ class Heads:
     return HeadsState(calls=jnp.zeros((encoder_tokens.shape[0],), jnp.int32))
 
   def propose(
-    self, state: HeadsState, context: drafter.DraftContext, settings: Any
+    self,
+    state: HeadsState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
   ) -> tuple[drafter.Proposal, HeadsState]:
     """Tokens n+1..n+G from heads 1..G, each drawn independently.
 
@@ -207,7 +211,9 @@ class Heads:
         ],
         axis=1,
       )
-    return drafter.full_proposal(tokens, q), state.replace(calls=state.calls + 1)
+    return drafter.full_proposal(tokens, q), state.replace(
+      calls=state.calls + 1
+    )
 
   # -- checkpoints ------------------------------------------------------------
   def save(self, path: str) -> None:

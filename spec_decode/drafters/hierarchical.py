@@ -54,11 +54,10 @@ from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.core import verify
+from spec_decode.core import verify_block
+from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
-
-# Purposes of inner draws, as in the outer loop (`decoding.py`).
-_SAMPLE, _ACCEPT, _RESIDUAL = 0, 1, 2
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -190,12 +189,9 @@ def _take(inputs: jax.Array, index: jax.Array) -> jax.Array:
   return jnp.take_along_axis(inputs, index[:, None], axis=1)
 
 
-def _inner_settings(settings, gamma: int):
+def _inner_settings(settings: DecodeSettings, gamma: int) -> DecodeSettings:
   """The loop's settings with the inner gamma (and no dynamic gamma)."""
-  updates = {'gamma': gamma}
-  if any(f.name == 'dynamic_gamma' for f in dataclasses.fields(settings)):
-    updates['dynamic_gamma'] = 0.0
-  return dataclasses.replace(settings, **updates)
+  return dataclasses.replace(settings, gamma=gamma, dynamic_gamma=0.0)
 
 
 @flax.struct.dataclass
@@ -272,7 +268,10 @@ class Hierarchical:
     )
 
   def propose(
-    self, state: HierarchicalState, context: drafter.DraftContext, settings
+    self,
+    state: HierarchicalState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
   ) -> tuple[drafter.Proposal, HierarchicalState]:
     """Proposes G = `settings.gamma` samples of the draft model per row.
 
@@ -297,7 +296,7 @@ class Hierarchical:
         inputs=inputs,
         length=length,
         encoder_tokens=context.encoder_tokens,
-        keys=sampling.position_keys(base_keys, rel, _SAMPLE),
+        keys=sampling.position_keys(base_keys, rel, verify_block.SAMPLE),
       )
 
     # The sub-draft was never asked at n - 1 (see the module docstring).
@@ -378,7 +377,9 @@ class Hierarchical:
       feed = jnp.concatenate([newest, sub_tokens], 1)
       logits, ds = model.score(model.rollback(c.draft, length), feed)
     rel = m[:, None] + 1 + jnp.arange(k + 1)[None]
-    result, p = self._verify(logits, proposal, sampler, base_keys, rel)
+    result, p = verify_block.verify_block(
+      self.verifier, sampler, logits, proposal, base_keys, rel
+    )
     a = result.accepted
     kept = jnp.where(active, a + 1, 0)
     offsets = jnp.arange(k + 1)[None]
@@ -419,38 +420,3 @@ class Hierarchical:
       counters=counters,
       step=c.step + 1,
     )
-
-  def _verify(self, logits, proposal, sampler, base_keys, rel):
-    """Algorithm 1 on draft-model `logits [B, k+1, V]`.
-
-    Returns:
-      the `VerifyResult` and the draft model's distributions `[B, k+1, V]`
-      (None when greedy).
-    """
-    verifier = self.verifier
-    extra = {}
-    if proposal.num is not None:
-      extra['num_proposed'] = proposal.num
-    greedy_path = getattr(verifier, 'greedy', None)
-    if sampler.is_greedy and greedy_path is not None:
-      target_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-      return greedy_path(target_tokens, proposal.tokens, **extra), None
-    p = sampler.probs(logits)
-    q = proposal.q
-    if q is None:
-      q = jax.nn.one_hot(proposal.tokens, logits.shape[-1], dtype=jnp.float32)
-    k = proposal.tokens.shape[1]
-    uniforms = jax.vmap(
-      jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))
-    )(sampling.position_keys(base_keys, rel[:, :k], _ACCEPT))
-    result = verifier(
-      p,
-      q,
-      proposal.tokens,
-      uniforms=uniforms,
-      bonus_keys=sampling.position_keys(base_keys, rel, _SAMPLE),
-      residual_keys=sampling.position_keys(base_keys, rel, _RESIDUAL),
-      greedy=sampler.is_greedy,
-      **extra,
-    )
-    return result, None if sampler.is_greedy else p

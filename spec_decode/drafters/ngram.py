@@ -40,6 +40,7 @@ import numpy as np
 
 from spec_decode.core import drafter
 from spec_decode.core import sampling
+from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.ids import PAD_ID
 
@@ -198,7 +199,7 @@ class NGram:
     return None
 
   def propose(
-    self, state: None, context: drafter.DraftContext, settings: Any
+    self, state: None, context: drafter.DraftContext, settings: DecodeSettings
   ) -> tuple[drafter.Proposal, None]:
     """G tokens drawn autoregressively from q (via the loop's sampler)."""
     sampler = settings.sampler

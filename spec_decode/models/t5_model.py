@@ -14,7 +14,6 @@ forcing and the encoder (many rows at once) keep `jnp.dot`. The parameter
 tree, and so every checkpoint, keeps the canonical layout.
 """
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -23,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import checkpoints
+from spec_decode.checkpoints import gin_model
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import PAD_ID
@@ -131,31 +132,66 @@ class Model:
     return cls(config, params, vocabulary, partitioner=partitioner)
 
   @classmethod
-  def load(cls, path: str, partitioner: Any = None, **kwargs) -> 'Model':
+  def load(
+    cls,
+    path: str,
+    partitioner: Any = None,
+    *,
+    config: T5Config | None = None,
+    gin_file: str | None = None,
+    dtype: Any = None,
+    vocabulary: Any = None,
+    progress: bool = False,
+  ) -> 'Model':
     """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint.
 
-    With a `partitioner`, each tensor goes straight into its shards.
-    """
-    from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
+    Args:
+      path: our directory, a Hugging Face T5 directory, or a T5X checkpoint
+        (or model) directory.
+      partitioner: a `Partitioner`: each tensor is restored straight into
+        its shards, and the model carries the partitioner.
+      config: hyperparameters; required for T5X unless `gin_file` is given.
+        For our and Hugging Face directories it replaces the stored config
+        (the shapes must still agree).
+      gin_file: a gin model file (e.g. `models/t5_1_1/xxl.gin`) giving the
+        hyperparameters, instead of `config`.
+      dtype: parameter storage dtype (e.g. `'bfloat16'`); default the
+        config's `param_dtype` (float32). Activations follow `config.dtype`.
+      vocabulary: overrides (or supplies, for T5X) the vocabulary.
+      progress: show a tqdm progress bar over tensors.
 
-    return checkpoints.load(path, partitioner=partitioner, **kwargs)
+    Raises:
+      FileNotFoundError: `path` or a file it needs does not exist.
+      CheckpointError: unknown format, corrupt file, or weights disagreeing
+        with the config.
+    """
+    if config is not None and gin_file is not None:
+      raise ValueError('pass config or gin_file, not both')
+    if gin_file is not None:
+      config = gin_model.config_from_gin(gin_file)
+    ckpt = checkpoints.read(
+      path,
+      config=config,
+      dtype=dtype,
+      vocabulary=vocabulary,
+      progress=progress,
+      shardings=partitioner.param_shardings_flat if partitioner else None,
+    )
+    return cls(ckpt.config, ckpt.params, ckpt.vocabulary, partitioner)
 
   def save(self, path: str) -> None:
     """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
-    from spec_decode import checkpoints  # pylint: disable=g-import-not-at-top
-
-    checkpoints.save(self, path)
+    checkpoints.write(path, self.config, self.params, self.vocabulary)
 
   @classmethod
-  def from_gin(cls, gin_file: str, seed: int = 0, **kwargs) -> 'Model':
-    """Random weights for the T5Config a gin model file describes."""
-    from spec_decode.checkpoints import gin_model  # pylint: disable=g-import-not-at-top
-
-    return cls.init(gin_model.config_from_gin(gin_file, **kwargs), seed=seed)
+  def from_gin(cls, gin_file: str, seed: int = 0, **overrides) -> 'Model':
+    """Random weights for the T5Config a gin model file describes
+    (`overrides` replace config fields, e.g. `vocab_size=64`)."""
+    return cls.init(gin_model.config_from_gin(gin_file, **overrides), seed=seed)
 
   def param_axes(self) -> Any:
     """Logical axis names per parameter, as a tree of `PartitionSpec`s."""
-    return logical_axes(self.config)
+    return network.logical_axes(self.config)
 
   def with_params(self, params: Any) -> 'Model':
     """Same config and vocabulary, new weights (moved to the device once, so
@@ -380,27 +416,17 @@ def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
   return packed
 
 
-def _dummy_inputs():
-  return jnp.ones((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
-
-
 def _init_params(
   config: T5Config, key: jax.Array, partitioner: Any = None
 ) -> Any:
   module = network.Transformer(config)
   if partitioner is None:
-    variables = jax.jit(module.init)(key, *_dummy_inputs())
+    variables = jax.jit(module.init)(key, *network.dummy_inputs())
     return nn.meta.unbox(variables['params'])
-  init = lambda k: nn.meta.unbox(module.init(k, *_dummy_inputs())['params'])
+  init = lambda k: nn.meta.unbox(
+    module.init(k, *network.dummy_inputs())['params']
+  )
   return jax.jit(init, out_shardings=partitioner.param_shardings(config))(key)
-
-
-@functools.lru_cache(maxsize=32)
-def logical_axes(config: T5Config) -> Any:
-  """Tree of logical `PartitionSpec`s matching the parameter tree."""
-  module = network.Transformer(config)
-  boxed = jax.eval_shape(module.init, jax.random.key(0), *_dummy_inputs())
-  return nn.get_partition_spec(boxed)['params']
 
 
 def shift_right(tokens: jax.Array) -> jax.Array:

@@ -21,7 +21,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+
+from spec_decode.core.placement import is_global  # noqa: F401 (public here)
+from spec_decode.core.placement import local_data  # noqa: F401
+from spec_decode.core.placement import to_host  # noqa: F401
 
 # Set (to 1) by `launch_tpu.sh` on every worker of a TPU VM.
 MULTIHOST_ENV = 'SPEC_DECODE_MULTIHOST'
@@ -145,41 +148,3 @@ def global_batch(
   return jax.make_array_from_process_local_data(
     partitioner.batch_sharding(local_rows.ndim), local_rows, shape
   )
-
-
-def is_global(x: Any) -> bool:
-  """Whether `x` is a `jax.Array` with shards on other hosts."""
-  return isinstance(x, jax.Array) and not x.is_fully_addressable
-
-
-def local_data(x: Any) -> np.ndarray:
-  """The rows of `x` this host holds (all of `x` unless it spans hosts).
-
-  For a global array: the addressable shards' rows, deduplicated by batch
-  offset and concatenated in order (used for input validation).
-  """
-  if not is_global(x):
-    return np.asarray(x)
-  blocks = {}
-  for shard in x.addressable_shards:
-    start = (shard.index[0].start or 0) if shard.index else 0
-    blocks.setdefault(start, np.asarray(shard.data))
-  return np.concatenate([blocks[k] for k in sorted(blocks)], axis=0)
-
-
-def to_host(tree: Any) -> Any:
-  """Every leaf as a numpy array of its global value, on every host.
-
-  One `process_allgather` for the leaves that span hosts (call it once per
-  batch, on the final outputs); other leaves are simply copied to the host.
-  """
-  leaves, treedef = jax.tree.flatten(tree)
-  spread = [i for i, x in enumerate(leaves) if is_global(x)]
-  out = [None if i in spread else np.asarray(x) for i, x in enumerate(leaves)]
-  if spread:
-    gathered = multihost_utils.process_allgather(
-      [leaves[i] for i in spread], tiled=True
-    )
-    for i, value in zip(spread, gathered, strict=True):
-      out[i] = np.asarray(value)
-  return jax.tree.unflatten(treedef, out)

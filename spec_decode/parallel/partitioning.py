@@ -48,6 +48,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
 from spec_decode.checkpoints import assemble
+from spec_decode.t5 import network
 from spec_decode.t5.config import T5Config
 
 DATA = 'data'
@@ -268,9 +269,9 @@ class Partitioner:
   # -- parameters ------------------------------------------------------------
   def param_shardings_flat(self, config: T5Config) -> dict[str, NamedSharding]:
     """`'a/b/kernel'` -> `NamedSharding`, from the network's logical axes."""
-    from spec_decode.models import t5_model  # pylint: disable=g-import-not-at-top
-
-    axes = flax.traverse_util.flatten_dict(t5_model.logical_axes(config), sep='/')
+    axes = flax.traverse_util.flatten_dict(
+      network.logical_axes(config), sep='/'
+    )
     shapes = assemble.expected_shapes(config)
     return {
       name: self.sharding(tuple(axes[name]), shapes[name]) for name in shapes
@@ -360,12 +361,3 @@ class Partitioner:
     if hasattr(lm, 'config') and hasattr(lm, 'params'):
       return self.replicated().shard_params(lm)
     return jax.device_put(lm, self.replicated_sharding)
-
-
-def partitioner_of(*lms: Any) -> Partitioner | None:
-  """The partitioner of the first model that has one (or None)."""
-  for lm in lms:
-    p = getattr(lm, 'partitioner', None)
-    if p is not None:
-      return p
-  return None

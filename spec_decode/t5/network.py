@@ -533,3 +533,17 @@ class Transformer(nn.Module):
     if return_features:
       return out[0], out[1]
     return out[0]
+
+
+def dummy_inputs() -> tuple[jax.Array, jax.Array]:
+  """Encoder and decoder tokens `[1, 1]` for `Transformer.init`."""
+  return jnp.ones((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+
+
+@functools.lru_cache(maxsize=32)
+def logical_axes(config: T5Config):
+  """Tree of logical `PartitionSpec`s matching the parameter tree."""
+  boxed = jax.eval_shape(
+    Transformer(config).init, jax.random.key(0), *dummy_inputs()
+  )
+  return nn.get_partition_spec(boxed)['params']

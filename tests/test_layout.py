@@ -1,0 +1,303 @@
+"""The package's layering, measured over `ast` (no imports are executed).
+
+Layers, bottom to top (README "Architecture"): paths and theory; core (the
+engine: no T5, no files, no gin); kernels; t5; checkpoints; models and
+parallel; drafters; the public API (`spec_decode/__init__.py`); data; train
+and eval; bench; command lines (`main.py`, `gin_cli.py`, `demo.py`, every
+`cli.py`). A module imports only from its own layer or below, the import
+graph has no cycles, and gin stays at the command lines.
+
+`python tests/test_layout.py` prints the numbers (modules, arrows, floors).
+"""
+
+import ast
+import collections
+import os
+import sys
+
+PACKAGE = 'spec_decode'
+ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), PACKAGE)
+MAX_LINES = 600
+MAX_TOP_LEVEL = 10
+
+# Longest matching prefix wins.
+RANKS = {
+  'spec_decode.paths': 0,
+  'spec_decode.theory': 0,
+  'spec_decode.core': 1,
+  'spec_decode.kernels': 2,
+  'spec_decode.t5': 3,
+  'spec_decode.checkpoints': 4,
+  'spec_decode.models': 5,
+  'spec_decode.parallel': 5,
+  'spec_decode.drafters': 6,
+  'spec_decode': 7,  # The public API re-exports (the package __init__).
+  'spec_decode.data': 8,
+  'spec_decode.train': 9,
+  'spec_decode.eval': 9,
+  'spec_decode.bench': 10,
+}
+CLI_RANK = 11
+# Command-line modules besides every `cli.py`.
+CLI_MODULES = {'spec_decode.main', 'spec_decode.gin_cli', 'spec_decode.demo'}
+# The one library module that reads gin *syntax* (a file format) with gin's
+# parser module; it never touches gin's global configuration.
+GIN_SYNTAX_READERS = {'spec_decode.checkpoints.gin_model'}
+
+
+def _modules() -> dict[str, str]:
+  """Dotted module name -> file path."""
+  found = {}
+  for dirpath, _, files in os.walk(ROOT):
+    for f in files:
+      if not f.endswith('.py'):
+        continue
+      path = os.path.join(dirpath, f)
+      rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3]
+      name = rel.replace(os.sep, '.')
+      if name.endswith('.__init__'):
+        name = name[: -len('.__init__')]
+      found[name] = path
+  return found
+
+
+MODULES = _modules()
+
+
+def is_cli(module: str) -> bool:
+  return module in CLI_MODULES or module.endswith('.cli')
+
+
+def rank(module: str) -> int:
+  if is_cli(module):
+    return CLI_RANK
+  best = max((p for p in RANKS if module == p or module.startswith(p + '.')),
+             key=len)  # fmt: skip
+  return RANKS[best]
+
+
+def _is_type_checking(node: ast.If) -> bool:
+  return 'TYPE_CHECKING' in ast.unparse(node.test)
+
+
+class _Imports(ast.NodeVisitor):
+  """Every import statement (module level and inside functions)."""
+
+  def __init__(self, module: str, is_package: bool):
+    self.package = module if is_package else module.rpartition('.')[0]
+    self.targets: list[tuple[str, str | None]] = []  # (module, name)
+    self.external: set[str] = set()
+    self.aliases: dict[str, str] = {}  # local name -> our module
+
+  def visit_If(self, node: ast.If):
+    if not _is_type_checking(node):
+      self.generic_visit(node)
+
+  def visit_Import(self, node: ast.Import):
+    for a in node.names:
+      if a.name.startswith(PACKAGE):
+        self.targets.append((a.name, None))
+        if a.asname:
+          self.aliases[a.asname] = a.name
+      else:
+        self.external.add(a.name)
+
+  def visit_ImportFrom(self, node: ast.ImportFrom):
+    base = node.module or ''
+    if node.level:
+      parts = self.package.split('.')
+      parts = parts[: len(parts) - node.level + 1]
+      base = '.'.join(parts + ([node.module] if node.module else []))
+    if not base.startswith(PACKAGE):
+      self.external.add(base)
+      return
+    for a in node.names:
+      sub = f'{base}.{a.name}'
+      if sub in MODULES:
+        self.targets.append((sub, None))
+        self.aliases[a.asname or a.name] = sub
+      else:
+        self.targets.append((base, a.name))
+
+
+def _parse(module: str) -> tuple[ast.Module, _Imports]:
+  path = MODULES[module]
+  with open(path, encoding='utf-8') as f:
+    tree = ast.parse(f.read(), path)
+  visitor = _Imports(module, path.endswith('__init__.py'))
+  visitor.visit(tree)
+  return tree, visitor
+
+
+PARSED = {m: _parse(m) for m in MODULES}
+
+
+def graph() -> dict[str, set[str]]:
+  edges = collections.defaultdict(set)
+  for m, (_, imports) in PARSED.items():
+    for target, _ in imports.targets:
+      if target in MODULES and target != m:
+        edges[m].add(target)
+  return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components with more than one module (Tarjan)."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+  counter = [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in edges.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  sys.setrecursionlimit(10000)
+  for v in MODULES:
+    if v not in index:
+      visit(v)
+  return out
+
+
+def floors(edges: dict[str, set[str]]) -> int:
+  """Modules on the longest import chain (the height of the tower)."""
+  memo = {}
+
+  def height(v, seen=()):
+    if v in memo:
+      return memo[v]
+    if v in seen:
+      return 0
+    h = 1 + max((height(w, seen + (v,)) for w in edges.get(v, ())), default=0)
+    memo[v] = h
+    return h
+
+  return max(height(v) for v in MODULES)
+
+
+def test_no_import_cycles():
+  assert cycles(graph()) == []
+
+
+def test_no_import_runs_up_a_layer():
+  upward = [
+    f'{m} (layer {rank(m)}) imports {t} (layer {rank(t)})'
+    for m, targets in graph().items()
+    for t in targets
+    if rank(t) > rank(m)
+  ]
+  assert upward == []
+
+
+def test_core_is_the_engine_only():
+  """The loop reaches drafters through the protocol: core imports no
+  drafter, no T5, no files, no gin."""
+  for m, (_, imports) in PARSED.items():
+    if rank(m) == RANKS['spec_decode.core']:
+      ours = {t for t, _ in imports.targets}
+      assert all(t.startswith('spec_decode.core') or rank(t) == 0 for t in ours)
+      assert not imports.external & {'gin', 'orbax.checkpoint', 'tqdm'}, m
+
+
+def test_gin_only_at_the_command_lines():
+  for m, (_, imports) in PARSED.items():
+    uses_gin = {e for e in imports.external if e.split('.')[0] == 'gin'}
+    if m in GIN_SYNTAX_READERS:
+      assert uses_gin <= {'gin', 'gin.config_parser'}, m
+      tree, _ = PARSED[m]
+      names = {
+        a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == 'gin'
+        for a in node.names
+      }
+      assert names == {'config_parser'}, m
+    elif uses_gin:
+      assert m == 'spec_decode.gin_cli', f'{m} imports gin'
+    if any(t == 'spec_decode.gin_cli' for t, _ in imports.targets):
+      assert is_cli(m), f'{m} imports gin_cli'
+
+
+def test_one_entry_point():
+  """`spec-decode` (main.py) is the only `__main__`."""
+  for m, (tree, _) in PARSED.items():
+    has_main = any(
+      isinstance(n, ast.If) and '__main__' in ast.unparse(n.test)
+      for n in tree.body
+    )
+    assert has_main == (m == 'spec_decode.main'), m
+
+
+def test_no_private_names_across_modules():
+  for m, (tree, imports) in PARSED.items():
+    for target, name in imports.targets:
+      if name and name.startswith('_'):
+        raise AssertionError(f'{m} imports {target}.{name}')
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in imports.aliases
+        and node.attr.startswith('_')
+        and not node.attr.startswith('__')
+      ):
+        raise AssertionError(
+          f'{m} uses {imports.aliases[node.value.id]}.{node.attr}'
+        )
+
+
+def test_small_modules_and_a_short_top_level():
+  for m, path in MODULES.items():
+    with open(path, encoding='utf-8') as f:
+      assert len(f.readlines()) <= MAX_LINES, m
+  top = [
+    e
+    for e in os.listdir(ROOT)
+    if e.endswith('.py') and os.path.isfile(os.path.join(ROOT, e))
+  ]
+  assert len(top) <= MAX_TOP_LEVEL, sorted(top)
+
+
+def test_negative_control_detects_a_cycle_and_an_upward_import():
+  """The checks above can fail: a made-up graph with both faults."""
+  edges = {
+    'spec_decode.core.loops': {'spec_decode.drafters.ngram'},
+    'spec_decode.drafters.ngram': {'spec_decode.core.loops'},
+  }
+  assert cycles(edges) == [sorted(edges)]
+  assert rank('spec_decode.drafters.ngram') > rank('spec_decode.core.loops')
+
+
+def summary() -> dict[str, int]:
+  edges = graph()
+  return {
+    'modules': len(MODULES),
+    'top_level_modules': sum(1 for m in MODULES if m.count('.') == 1),
+    'arrows': sum(len(v) for v in edges.values()),
+    'floors': floors(edges),
+    'cycles': len(cycles(edges)),
+    'upward': sum(rank(t) > rank(m) for m, ts in edges.items() for t in ts),
+    'largest_module_lines': max(
+      sum(1 for _ in open(p, encoding='utf-8')) for p in MODULES.values()
+    ),
+  }
+
+
+if __name__ == '__main__':
+  print(summary())
