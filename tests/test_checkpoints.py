@@ -337,13 +337,10 @@ def test_vocabulary_larger_than_model(vocab, tmp_path):
 
 
 def test_draft_and_target_vocabularies_must_match(model, tmp_path):
-  generate = getattr(sd, 'generate', None)
-  if generate is None:
-    pytest.skip('spec_decode.generate has not landed yet')
   other = _vocab_util.vocabulary(tmp_path, vocab_size=50)
   draft = sd.Model.init(model.config, seed=5, vocabulary=other)
   with pytest.raises(ValueError, match='vocabularies differ'):
-    generate(model, ENC, draft=draft, max_decode_len=4)
+    sd.generate(model, ENC, draft=draft, max_decode_len=4)
 
 
 # -- gin and convert -----------------------------------------------------------

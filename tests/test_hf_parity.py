@@ -157,12 +157,7 @@ def _greedy_loop(model, enc, max_len=MAX_LEN):
 
 
 def _generate(model, enc, draft=None, max_len=MAX_LEN):
-  generate = getattr(sd, 'generate', None)
-  if generate is None:
-    if draft is not None:
-      pytest.skip('spec_decode.generate has not landed yet')
-    return _greedy_loop(model, enc, max_len)
-  out = generate(
+  out = sd.generate(
     model,
     enc,
     draft=draft,

@@ -104,15 +104,6 @@ def test_negative_control_more_lenient_than_claimed_is_detected(far_pair):
   assert _worst_excess_pvalue(counts, p / lenience) < FALSE_ALARM / V_LENIENT
 
 
-def test_lenience_one_is_exact_with_same_seeds(far_pair):
-  target, draft = far_pair
-  enc = encoder_batch(16, 5, V_LENIENT, seed=2)
-  kw = dict(draft=draft, gamma=3, temperature=1.0, max_decode_len=6, seed=4)
-  a = sd.generate(target, enc, **kw)
-  b = sd.generate(target, enc, lenience=1.0, **kw)
-  np.testing.assert_array_equal(a.tokens, b.tokens)
-
-
 def test_bad_lenience_is_rejected(far_pair):
   target, draft = far_pair
   for bad in (0.0, -0.5, 1.5, 'high'):
@@ -225,7 +216,7 @@ def test_auto_gamma_chooses_and_reports(target):
   choice = out.gamma_choice
   assert choice['alpha'] == pytest.approx(1.0)
   assert 1 <= choice['gamma'] <= 8 and out.stats.gamma == choice['gamma']
-  assert choice['c'] > 0 and choice['v_of_k'][1] == 1.0
+  assert choice['c'] > 0 and set(choice['v_of_k']) == set(range(1, 10))
   assert choice['predicted_improvement'] > 0
 
 
