@@ -20,8 +20,9 @@ from spec_decode.data import tasks
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.heads import HeadsState
 from spec_decode.drafters.heads import target_projection
+from spec_decode.train import cli as train_cli
+from spec_decode.train import common
 from spec_decode.train import heads as train_heads
-from spec_decode.train import lm as train_lib
 
 EXTRA_IDS = 100
 PIECES = 68
@@ -278,7 +279,7 @@ _TINY = dict(
 
 
 def _log(model_dir):
-  with open(os.path.join(model_dir, train_lib.LOG_FILE)) as f:
+  with open(os.path.join(model_dir, common.LOG_FILE)) as f:
     return [json.loads(line) for line in f]
 
 
@@ -316,9 +317,9 @@ def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
   settings.pop('progress')
   lines = [
     'from __gin__ import dynamic_registration',
-    'from spec_decode.train import heads as train_heads',
+    'from spec_decode.train import heads',
     'MODEL_DIR = %gin.REQUIRED',
-    'train_heads.train_heads:',
+    'heads.train_heads:',
     '  model_dir = %MODEL_DIR',
     f'  target_path = {target_dir!r}',
     '  train_steps = 2',
@@ -328,7 +329,7 @@ def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
   gin_file.write_text('\n'.join(lines) + '\n')
   model_dir = tmp_path / 'run'
   try:
-    code = train_lib.main(
+    code = train_cli.main(
       ['--gin_file', str(gin_file), '--model_dir', str(model_dir)]
     )
   finally:

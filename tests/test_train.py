@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import jax
 import numpy as np
@@ -9,14 +10,18 @@ import pytest
 from conftest import tiny_config
 
 import gin
-from spec_decode import checkpoints
+from spec_decode import gin_cli
 from spec_decode.checkpoints import gin_model
+from spec_decode.data import debian
 from spec_decode.data import spm_trainer
 from spec_decode.data import tasks
 from spec_decode.models import t5_model
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import T5Config
-from spec_decode.train import lm as train_lib
+from spec_decode.train import cli as train_cli
+from spec_decode.train import common
+from spec_decode.train import heads as train_heads
+from spec_decode.train import lm
 
 EXTRA_IDS = 100
 PIECES = 68
@@ -60,11 +65,11 @@ def _train(model_dir, vocab_file, **kwargs):
     progress=False,
   )
   args.update(kwargs)
-  return train_lib.train(**args)
+  return lm.train(**args)
 
 
 def _log(model_dir):
-  with open(os.path.join(model_dir, train_lib.LOG_FILE)) as f:
+  with open(os.path.join(model_dir, common.LOG_FILE)) as f:
     return [json.loads(line) for line in f]
 
 
@@ -100,7 +105,7 @@ def test_tokenizer_build_reads_debian_train_splits(tmp_path):
   for kind, items in rows.items():
     (data / kind).mkdir(parents=True)
     lines = ''.join('\t'.join(r) + '\n' for r in items * 40)
-    (data / kind / 'lm.tsv').write_text(header + lines)
+    (data / kind / 'train.tsv').write_text(header + lines)
   out = tmp_path / 'out' / 'spiece.model'
   vocabulary = spm_trainer.build(str(out), data_dir=str(data), vocab_size=125)
   assert out.is_file()
@@ -134,7 +139,8 @@ def test_tokenizer_missing_data_says_how_to_build(tmp_path, capsys):
     ]
   )
   assert code == 1
-  assert 'spec_decode.data.debian' in capsys.readouterr().err
+  build = debian.BUILD_COMMAND.format(out_dir=str(tmp_path / 'none'))
+  assert build in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ data.
@@ -142,10 +148,10 @@ def test_tokenizer_missing_data_says_how_to_build(tmp_path, capsys):
 
 def test_bucketed_batches_are_fixed_shape_and_deterministic(vocab_file):
   vocabulary = vocab_lib.Vocabulary.from_file(vocab_file)
-  examples = train_lib.tokenize_split('synthetic_tiny', 'train', vocabulary)
-  data = train_lib.BucketedData(examples, ((40, 40, 4), (64, 64, 8)), seed=3)
+  examples = common.tokenize_split('synthetic_tiny', 'train', vocabulary)
+  data = common.BucketedData(examples, ((40, 40, 4), (64, 64, 8)), seed=3)
   assert data.num_examples + data.dropped == len(examples)
-  again = train_lib.BucketedData(examples, ((64, 64, 8), (40, 40, 4)), seed=3)
+  again = common.BucketedData(examples, ((64, 64, 8), (40, 40, 4)), seed=3)
   shapes = set()
   for step in (0, 1, data.batches_per_epoch + 2):
     b = data.batch(step)
@@ -169,7 +175,7 @@ def test_bucketed_batches_are_fixed_shape_and_deterministic(vocab_file):
 def test_cross_entropy_masks_nothing_itself_and_smoothing_is_shifted():
   logits = jax.random.normal(jax.random.key(0), (2, 3, 7))
   targets = np.array([[1, 2, 0], [3, 4, 5]])
-  ce = np.asarray(train_lib.cross_entropy(logits, targets))
+  ce = np.asarray(lm.cross_entropy(logits, targets))
   logp = np.asarray(jax.nn.log_softmax(logits))
   expected = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
   np.testing.assert_allclose(ce, expected, rtol=1e-5)
@@ -177,9 +183,9 @@ def test_cross_entropy_masks_nothing_itself_and_smoothing_is_shifted():
   smooth = 0.1
   probs = np.full((1, 1, 7), smooth / 6)
   probs[0, 0, 2] = 1 - smooth
-  loss = train_lib.cross_entropy(np.log(probs), np.array([[2]]), smooth)
+  loss = lm.cross_entropy(np.log(probs), np.array([[2]]), smooth)
   np.testing.assert_allclose(np.asarray(loss), 0.0, atol=1e-5)
-  kl = train_lib.kl_to_teacher(logits, logits)
+  kl = common.kl_to_teacher(logits, logits)
   np.testing.assert_allclose(np.asarray(kl), 0.0, atol=1e-6)
 
 
@@ -195,7 +201,7 @@ def test_training_reduces_the_loss(tmp_path, vocab_file):
   last = np.mean([r['loss'] for r in log[-3:]])
   assert last < 0.8 * first, (first, last)
   assert result.stopped == 'done' and result.step == 30
-  model = checkpoints.load(result.model_path)
+  model = t5_model.Model.load(result.model_path)
   assert model.config.dropout_rate == 0.0
   assert model.vocabulary == vocab_lib.Vocabulary.from_file(vocab_file)
 
@@ -206,7 +212,7 @@ def test_resume_continues_at_the_right_step_with_identical_state(
   straight = _train(tmp_path / 'straight', vocab_file)
   assert straight.step == 4
 
-  original = train_lib.BucketedData.batch
+  original = common.BucketedData.batch
 
   def interrupt_at_2(self, step):
     if step == 2:
@@ -214,10 +220,10 @@ def test_resume_continues_at_the_right_step_with_identical_state(
     return original(self, step)
 
   resumed_dir = tmp_path / 'resumed'
-  monkeypatch.setattr(train_lib.BucketedData, 'batch', interrupt_at_2)
+  monkeypatch.setattr(common.BucketedData, 'batch', interrupt_at_2)
   stopped = _train(resumed_dir, vocab_file)
   assert (stopped.stopped, stopped.step) == ('interrupted', 2)
-  monkeypatch.setattr(train_lib.BucketedData, 'batch', original)
+  monkeypatch.setattr(common.BucketedData, 'batch', original)
 
   seen = []
 
@@ -225,28 +231,28 @@ def test_resume_continues_at_the_right_step_with_identical_state(
     seen.append(step)
     return original(self, step)
 
-  monkeypatch.setattr(train_lib.BucketedData, 'batch', record)
+  monkeypatch.setattr(common.BucketedData, 'batch', record)
   final = _train(resumed_dir, vocab_file)
   assert seen == [2, 3]
   assert (final.stopped, final.step) == ('done', 4)
 
-  a = checkpoints.load(straight.model_path)
-  b = checkpoints.load(final.model_path)
+  a = t5_model.Model.load(straight.model_path)
+  b = t5_model.Model.load(final.model_path)
   jax.tree.map(
     lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
     a.params,
     b.params,
   )
   # The optimizer state was restored too (not re-initialized).
-  opt = train_lib.make_optimizer(3e-3, 4, 2)
-  model = checkpoints.load(straight.model_path)
+  opt = common.make_optimizer(3e-3, 4, 2)
+  model = t5_model.Model.load(straight.model_path)
   abstract = jax.eval_shape(
-    lambda: train_lib.TrainState(
+    lambda: common.TrainState(
       step=np.int32(0), params=model.params, opt_state=opt.init(model.params)
     )
   )
-  s1 = train_lib.restore_state(str(tmp_path / 'straight'), abstract)
-  s2 = train_lib.restore_state(str(resumed_dir), abstract)
+  s1 = common.restore_state(str(tmp_path / 'straight'), abstract)
+  s2 = common.restore_state(str(resumed_dir), abstract)
   assert int(s1.step) == int(s2.step) == 4
   jax.tree.map(
     lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
@@ -259,11 +265,58 @@ def test_resume_continues_at_the_right_step_with_identical_state(
   assert (again.stopped, again.step, seen) == ('done', 4, [])
 
 
+def test_train_loop_checkpoints_on_sigterm_and_on_the_time_budget(tmp_path):
+  model_dir = str(tmp_path)
+  optimizer = common.make_optimizer(0.1, 10, 2)
+
+  def init():
+    return common.init_or_restore(
+      model_dir, lambda: {'w': np.zeros(3, np.float32)}, optimizer
+    )
+
+  terms = []
+
+  def step(state, target):
+    if target == 3 and not terms:  # Batch `step` is the number `step`.
+      terms.append(target)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return common.apply_gradients(
+      state, optimizer, lambda p: (jax.numpy.sum((p['w'] - target) ** 2), {})
+    )
+
+  def run(max_minutes):
+    settings = common.LoopSettings(10, 0, 100, 2, 1, max_minutes, False)
+    state, _ = init()
+    return common.train_loop(
+      state,
+      lambda s: s,
+      step,
+      lambda params: {'w0': float(params['w'][0])},
+      model_dir,
+      settings,
+      log_fields=lambda aux: {},
+      postfix=lambda record, validation: {},
+    )
+
+  state, resumed = init()
+  assert not resumed and int(state.step) == 0
+  stopped = run(None)
+  assert (stopped.stopped, int(stopped.state.step)) == ('interrupted', 3)
+  assert [r['step'] for r in _log(model_dir)] == [1, 2, 3, 3]
+  assert _log(model_dir)[-1]['w0'] == stopped.validation['w0'] != 0.0
+  state, resumed = init()  # The SIGTERM checkpoint.
+  assert resumed and int(state.step) == 3
+  timed = run(1e-9)
+  assert (timed.stopped, int(timed.state.step)) == ('time', 4)
+  assert timed.train_loss == _log(model_dir)[-2]['loss']
+  assert int(init()[0].step) == 4
+
+
 def _random_teacher(path, vocab_file, **overrides):
   """An untrained model in `Model.save` format (a stand-in teacher)."""
   config = _config(**overrides)
   params = t5_model.Model.init(config, seed=5).params
-  train_lib.export_model(
+  lm.export_model(
     params, config, vocab_lib.Vocabulary.from_file(vocab_file), str(path)
   )
   return str(path)
@@ -282,12 +335,12 @@ def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path, vocab_file):
     save_dtype='bfloat16',
   )
   assert student.stopped == 'done'
-  stored = checkpoints.load(student.model_path)
+  stored = t5_model.Model.load(student.model_path)
   assert stored.config.param_dtype == np.dtype('bfloat16')
   assert stored.config.dtype == np.dtype('float32')
   leaf = jax.tree.leaves(stored.params)[0]
   assert leaf.dtype == np.dtype('bfloat16')
-  as_fp32 = checkpoints.load(student.model_path, dtype='float32')
+  as_fp32 = t5_model.Model.load(student.model_path, dtype='float32')
   assert jax.tree.leaves(as_fp32.params)[0].dtype == np.float32
 
 
@@ -325,9 +378,10 @@ def clean_gin():
   ],
 )
 def test_train_configs_parse(clean_gin, name, model_file):
-  train_lib.parse_gin([name], ["MODEL_DIR = '/tmp/x'"])
+  gin_cli.parse([name], ["MODEL_DIR = '/tmp/x'"])
   assert gin.query_parameter('lm.train.task') == 'debian_ende'
-  assert gin.query_parameter('%MODEL_DIR') == '/tmp/x'
+  assert gin_cli.macro('MODEL_DIR') == '/tmp/x'
+  assert gin_cli.binds(lm.train) and not gin_cli.binds(train_heads.train_heads)
   cfg = gin.get_configurable(T5Config)()
   assert cfg == gin_model.config_from_gin(model_file)
   assert cfg.mlp_activations == ('gelu', 'linear')
@@ -343,12 +397,72 @@ def test_demo_draft_is_much_cheaper_per_step_than_the_target():
   assert ratio < 0.1
 
 
-def test_split_gin_args():
-  bindings, rest = train_lib.split_gin_args(
+def test_heads_config_parses_and_selects_heads(clean_gin):
+  gin_cli.parse(['train_demo_heads'], ['MODEL_DIR = "/tmp/x"'])
+  assert gin.query_parameter('heads.train_heads.task') == 'debian_ende'
+  assert gin_cli.binds(train_heads.train_heads) and not gin_cli.binds(lm.train)
+
+
+def test_cli_passes_gin_flags_as_bindings(clean_gin, tmp_path, capsys):
+  bindings, rest = gin_cli.split_flags(
     ['--gin.TRAIN_STEPS=3', '--model_dir', 'd', '--gin.A', "'x'"]
   )
   assert bindings == ['TRAIN_STEPS = 3', "A = 'x'"]
   assert rest == ['--model_dir', 'd']
+  # Through `spec-decode train`: a config that binds no trainer stops after
+  # parsing, with the flags' bindings in place (a bare word is a string).
+  gin_file = tmp_path / 'macros.gin'
+  gin_file.write_text('TRAIN_STEPS = 1\nA = None\nB = None\n')
+  code = train_cli.main(
+    [
+      f'--gin_file={gin_file}',
+      '--gin.TRAIN_STEPS=3',
+      '--gin.A',
+      "'x'",
+      '--gin.B=runs/demo/target/model',
+      f'--model_dir={tmp_path / "run"}',
+    ]
+  )
+  assert code == 2
+  assert 'neither lm.train nor heads.train_heads' in capsys.readouterr().err
+  assert gin_cli.macro('TRAIN_STEPS') == 3
+  assert gin_cli.macro('A') == 'x'
+  assert gin_cli.macro('B') == 'runs/demo/target/model'
+  assert gin_cli.macro('MODEL_DIR') == str(tmp_path / 'run')
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize(
+  'argv, message',
+  [
+    (['--gin_file=no_such_config'], 'gin file not found: no_such_config'),
+    (['--gin_file=train_demo_target'], 'MODEL_DIR is required'),
+    (['--gin_file=train_demo_heads', '--gin.MODEL_DIR'], 'expected --gin.'),
+    (['--model_dir=d'], '--gin_file is required'),
+  ],
+)
+def test_cli_errors_exit_2_with_a_message(clean_gin, capsys, argv, message):
+  try:
+    code = train_cli.main(argv)
+  except SystemExit as e:  # argparse's own errors.
+    code = e.code
+  assert code == 2
+  assert message in capsys.readouterr().err
+
+
+def test_cli_missing_vocabulary_is_an_error_not_a_traceback(
+  clean_gin, tmp_path, capsys
+):
+  code = train_cli.main(
+    [
+      '--gin_file=train_demo_draft',
+      f'--model_dir={tmp_path / "run"}',
+      f'--gin.VOCAB_FILE={tmp_path / "none.model"}',
+    ]
+  )
+  assert code == 1
+  err = capsys.readouterr().err
+  assert 'sentencepiece model not found' in err and 'none.model' in err
 
 
 def test_main_with_gin_file_and_flags(clean_gin, tmp_path, vocab_file):
@@ -373,15 +487,16 @@ def test_main_with_gin_file_and_flags(clean_gin, tmp_path, vocab_file):
     '  progress = False\n'
   )
   model_dir = tmp_path / 'run'
-  code = train_lib.main(
+  code = train_cli.main(
     [
       f'--gin_file={gin_file}',
       f'--model_dir={model_dir}',
-      '--gin.train.train.train_steps=2',
+      '--gin.lm.train.train_steps=2',
     ]
   )
   assert code == 0
-  assert (model_dir / train_lib.CONFIG_FILE).is_file()
-  model = checkpoints.load(str(model_dir / train_lib.MODEL_DIR))
+  assert (model_dir / train_cli.CONFIG_FILE).is_file()
+  assert 'train_steps = 2' in (model_dir / train_cli.CONFIG_FILE).read_text()
+  model = t5_model.Model.load(str(model_dir / lm.MODEL_DIR))
   assert model.config.emb_dim == 8
   assert [r['step'] for r in _log(model_dir) if 'loss' in r] == [2]

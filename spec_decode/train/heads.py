@@ -3,7 +3,7 @@
 Run through `spec-decode train`: a gin file that binds
 `heads.train_heads` (after `from spec_decode.train import heads`)
 makes `spec-decode train` call this module's `train_heads` instead of
-`train.train`; the flags are the same.
+`lm.train`; the flags are the same.
 
     spec-decode train --gin_file=configs/train_demo_heads.gin \\
         --model_dir=runs/demo/heads [--gin.TRAIN_STEPS=600]
@@ -22,9 +22,10 @@ What a run does:
     cross-entropy, optionally mixed with the KL to the target's own
     distribution of that token (`distill_weight`; padding and everything
     after EOS masked), weighted by `head_decay^(k-1)`;
-  * AdamW with warmup and cosine decay (`train.make_optimizer`), a tqdm
-    bar, validation per-head top-1 accuracy every `eval_every` steps, log
-    records in `<model_dir>/train_log.jsonl`, orbax checkpoints of
+  * AdamW with warmup and cosine decay (`common.make_optimizer`) in the
+    loop LM training runs too (`common.train_loop`): a tqdm bar, validation
+    per-head top-1 accuracy every `eval_every` steps, log records in
+    `<model_dir>/train_log.jsonl`, orbax checkpoints of
     `{step, params, opt_state}` under `<model_dir>/checkpoints/` (rerunning
     resumes; Ctrl-C, SIGTERM or `max_minutes` checkpoint before exiting);
   * at the end the heads are exported with `Heads.save` to
@@ -38,9 +39,7 @@ token before it did.
 
 import dataclasses
 import json
-import math
 import os
-import shutil
 import time
 from collections.abc import Sequence
 
@@ -49,12 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spec_decode.core import generation
+from spec_decode import paths
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.drafters import heads as heads_lib
 from spec_decode.models import t5_model
 from spec_decode.t5.config import PAD_ID
-from spec_decode.train import lm as train_lib
+from spec_decode.train import common
+from spec_decode.train import greedy
 
 HEADS_DIR = 'heads'
 GREEDY_FILE = 'greedy_{split}.npz'
@@ -71,157 +71,6 @@ DEFAULT_BUCKETS = (
   (96, 32, 32),
   (96, 64, 16),
 )
-
-
-# ------------------------------------------------------------ greedy data.
-
-
-def greedy_outputs(
-  target: t5_model.Model,
-  inputs: Sequence[np.ndarray],
-  input_lens: Sequence[int],
-  max_decode_len: int,
-  batch_size: int,
-  cache_file: str | None = None,
-  progress: bool = True,
-  save_every: int = 10,
-) -> list[np.ndarray | None]:
-  """The target's greedy output for each input (None: input too long).
-
-  Inputs are decoded in batches of `batch_size` rows padded to the smallest
-  of `input_lens` that holds them (one compilation per length). With a
-  `cache_file`, finished outputs are written there every `save_every`
-  batches and on Ctrl-C, and read back first, so no input is decoded twice.
-
-  Args:
-    target: the model.
-    inputs: encoder token arrays, each ending with EOS.
-    input_lens: the encoder lengths to pad to.
-    max_decode_len: output tokens per row at most (a longer output is cut,
-      without EOS).
-    batch_size: rows per decode.
-    cache_file: the `.npz` cache, or None.
-    progress: show a tqdm bar.
-    save_every: batches between cache writes.
-
-  Returns:
-    Per input, its output tokens (EOS included when reached), or None.
-  """
-  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
-
-  n = len(inputs)
-  outputs = np.zeros((n, max_decode_len), np.int32)
-  lengths = np.zeros((n,), np.int32)
-  done = np.zeros((n,), bool)
-  if cache_file and os.path.isfile(cache_file):
-    cached = np.load(cache_file)
-    if (
-      cached['outputs'].shape == outputs.shape
-      and cached['num_inputs'] == n
-      and np.array_equal(cached['input_digest'], _digest(inputs))
-    ):
-      outputs, lengths, done = (
-        cached['outputs'],
-        cached['lengths'],
-        cached['done'],
-      )
-    else:
-      print(f'train_heads: {cache_file} is for other inputs; redecoding')
-  input_lens = sorted(int(x) for x in input_lens)
-  groups = {length: [] for length in input_lens}
-  too_long = 0
-  for i, x in enumerate(inputs):
-    fit = [length for length in input_lens if len(x) <= length]
-    if not fit:
-      too_long += 1
-    elif not done[i]:
-      groups[fit[0]].append(i)
-  batches = [
-    (length, idx[s : s + batch_size])
-    for length, idx in groups.items()
-    for s in range(0, len(idx), batch_size)
-  ]
-
-  def save():
-    if cache_file:
-      tmp = cache_file + '.tmp.npz'
-      np.savez(
-        tmp,
-        outputs=outputs,
-        lengths=lengths,
-        done=done,
-        num_inputs=n,
-        input_digest=_digest(inputs),
-      )
-      os.replace(tmp, cache_file)
-
-  if batches:
-    bar = tqdm.tqdm(
-      total=len(batches),
-      disable=not progress,
-      unit='batch',
-      dynamic_ncols=True,
-      desc=f'greedy outputs ({int(done.sum())}/{n} cached)',
-    )
-    try:
-      for b, (length, idx) in enumerate(batches):
-        enc = np.zeros((batch_size, length), np.int32)
-        for row in range(batch_size):
-          x = inputs[idx[min(row, len(idx) - 1)]]  # Repeat to fill the batch.
-          enc[row, : len(x)] = x
-        out = generation.generate(
-          target, enc, max_decode_len=max_decode_len, temperature=0.0
-        )
-        outputs[idx] = out.tokens[: len(idx)]
-        lengths[idx] = out.lengths[: len(idx)]
-        done[idx] = True
-        bar.update(1)
-        if (b + 1) % save_every == 0:
-          save()
-    finally:
-      bar.close()
-      save()
-  return [
-    None if not done[i] or lengths[i] == 0 else outputs[i, : lengths[i]].copy()
-    for i in range(n)
-  ]
-
-
-def _digest(inputs: Sequence[np.ndarray]) -> np.ndarray:
-  """A cheap fingerprint of a list of token arrays (`[4] int64`)."""
-  lens = np.asarray([len(x) for x in inputs], np.int64)
-  flat = np.concatenate(list(inputs) + [np.zeros(1, np.int32)]).astype(np.int64)
-  pos = np.arange(len(flat), dtype=np.int64)
-  return np.asarray(
-    [len(inputs), lens.sum(), (flat * (pos % 9973 + 1)).sum(), flat.sum()],
-    np.int64,
-  )
-
-
-def greedy_dataset(
-  target: t5_model.Model,
-  task: tasks_lib.Task,
-  split: str,
-  limit: int | None,
-  buckets: Sequence[train_lib.Bucket],
-  max_decode_len: int,
-  batch_size: int,
-  cache_file: str | None,
-  progress: bool,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-  """`(inputs, greedy outputs)` pairs of a split (over-long inputs out)."""
-  pairs = train_lib.tokenize_split(task, split, target.vocabulary, limit)
-  inputs = [x for x, _ in pairs]
-  outs = greedy_outputs(
-    target,
-    inputs,
-    sorted({b.input_len for b in buckets}),
-    max_decode_len,
-    batch_size,
-    cache_file,
-    progress,
-  )
-  return [(x, y) for x, y in zip(inputs, outs, strict=True) if y is not None]
 
 
 # ------------------------------------------------------------------ loss.
@@ -289,14 +138,14 @@ def heads_loss(
     teacher = jnp.stack(
       [teacher[:, i : i + t] for i in range(1, k + 1)], axis=2
     )  # [B, T, K, V]: the target's distribution of token t + 1 + k.
-    kl = train_lib.kl_to_teacher(logits, jax.lax.stop_gradient(teacher))
+    kl = common.kl_to_teacher(logits, jax.lax.stop_gradient(teacher))
     kl = (kl * weights).sum((0, 1)) / denom
     per_head = (1.0 - distill_weight) * nll + distill_weight * kl
   loss = jnp.sum(head_weights * per_head)
   return loss, {'nll': nll, 'correct': correct, 'count': count}
 
 
-class FeatureData(train_lib.BucketedData):
+class FeatureData(common.BucketedData):
   """`BucketedData` plus the frozen target's hidden states per example.
 
   The target is frozen, so its features over the greedy outputs are
@@ -308,21 +157,16 @@ class FeatureData(train_lib.BucketedData):
     """Teacher-forces `target` over every example once."""
     from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
 
-    self.features: list[np.ndarray | None] = [None] * len(self._examples)
-    jobs = [
-      (k, m[s : s + b.batch_size])
-      for k, (m, b) in enumerate(zip(self._members, self.buckets, strict=True))
-      for s in range(0, len(m), b.batch_size)
-    ]
+    self.features: list[np.ndarray | None] = [None] * len(self.examples)
     for k, idx in tqdm.tqdm(
-      jobs, disable=not progress, desc='target features', unit='batch'
+      self.chunks(), disable=not progress, desc='target features', unit='batch'
     ):
       batch = self.make_batch(k, idx)
       feats = np.asarray(
         target.features(batch.inputs, t5_model.shift_right(batch.targets))
       )
       for row, i in enumerate(idx):
-        self.features[i] = feats[row, : len(self._examples[i][1])].copy()
+        self.features[i] = feats[row, : len(self.examples[i][1])].copy()
 
   def _with_features(self, bucket: int, indices) -> tuple[np.ndarray, ...]:
     batch = self.make_batch(bucket, indices)
@@ -335,28 +179,28 @@ class FeatureData(train_lib.BucketedData):
 
   def feature_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
     """`(features [B, T, D], targets [B, T])` of training step `step`."""
-    epoch, i = divmod(step, self.batches_per_epoch)
-    return self._with_features(*self._epoch(epoch)[i])
+    return self._with_features(*self.step_indices(step))
 
   def all_feature_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every example once (for validation)."""
-    return [
-      self._with_features(k, m[s : s + b.batch_size])
-      for k, (m, b) in enumerate(zip(self._members, self.buckets, strict=True))
-      for s in range(0, len(m), b.batch_size)
-    ]
+    return [self._with_features(k, idx) for k, idx in self.chunks()]
 
 
 def _train_step(
-  state: train_lib.TrainState,
-  frozen,
-  features,
-  targets,
-  head_weights,
-  base_projection,
+  state: common.TrainState,
+  batch: tuple[jax.Array, jax.Array],
+  fixed: tuple[dict[str, jax.Array], jax.Array, jax.Array],
   optimizer,
   distill_weight: float,
 ):
+  """One optimizer step on a `(features, targets)` batch.
+
+  `fixed` is `(frozen head arrays, per-head loss weights, the target's
+  output projection)`.
+  """
+  features, targets = batch
+  frozen, head_weights, base_projection = fixed
+
   def loss_fn(params):
     return heads_loss(
       {**frozen, **params},
@@ -367,13 +211,7 @@ def _train_step(
       distill_weight,
     )
 
-  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  new_state = train_lib.TrainState(
-    step=state.step + 1, params=params, opt_state=opt_state
-  )
-  return new_state, dict(aux, loss=loss, grad_norm=optax.tree.norm(grads))
+  return common.apply_gradients(state, optimizer, loss_fn)
 
 
 def _eval_step(params, frozen, features, targets, head_weights):
@@ -441,7 +279,8 @@ def train_heads(
   Args:
     model_dir: where the greedy-output cache, checkpoints, the log and the
       exported heads go.
-    target_path: the frozen target (`Model.load` path).
+    target_path: the frozen target (a `Model.load` path; a relative path is
+      also looked up in the repository, `paths.resolve`).
     num_heads: K, heads (draft tokens per iteration at most).
     depth: residual blocks per head.
     share_projection: one vocabulary projection for all heads.
@@ -478,22 +317,21 @@ def train_heads(
   Returns:
     A `HeadsTrainResult`.
   """
-  from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
-
   os.makedirs(model_dir, exist_ok=True)
-  bucket_specs = train_lib._buckets(buckets)  # pylint: disable=protected-access
+  bucket_specs = common.make_buckets(buckets)
   if max(b.target_len for b in bucket_specs) < max_decode_len:
     raise ValueError(
       f'the largest bucket target_len is under max_decode_len='
       f'{max_decode_len}: long greedy outputs would be dropped'
     )
+  target_path = paths.resolve(target_path)
   target = t5_model.Model.load(target_path, dtype='float32')
   if target.vocabulary is None:
     raise ValueError(f'{target_path}: the target has no vocabulary')
   task_obj = tasks_lib.get_task(task, data_dir)
 
   def data(split, limit):
-    return greedy_dataset(
+    return greedy.greedy_dataset(
       target,
       task_obj,
       split,
@@ -530,7 +368,7 @@ def train_heads(
     ('projection',) if train_projection else ()
   )
   frozen = {k: v for k, v in all_arrays.items() if k not in trained}
-  optimizer = train_lib.make_optimizer(
+  optimizer = common.make_optimizer(
     learning_rate,
     train_steps,
     warmup_steps,
@@ -538,27 +376,18 @@ def train_heads(
     weight_decay,
     clip_norm=clip_norm,
   )
-
-  def init_state():
-    params = {k: all_arrays[k] for k in trained}
-    return train_lib.TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=optimizer.init(params),
-    )
-
-  abstract = jax.eval_shape(init_state)
-  state = train_lib.restore_state(model_dir, abstract)
-  resumed = state is not None
-  if state is None:
-    state = init_state()
-  start = int(state.step)
+  state, resumed = common.init_or_restore(
+    model_dir, lambda: {k: all_arrays[k] for k in trained}, optimizer
+  )
   head_weights = jnp.asarray(
     [head_decay**k for k in range(num_heads)], jnp.float32
   )
-  train_step = jax.jit(_train_step, static_argnums=(6, 7), donate_argnums=(0,))
-  base_projection = heads_lib.target_projection(target)
+  train_step = jax.jit(_train_step, static_argnums=(3, 4), donate_argnums=(0,))
+  fixed = (frozen, head_weights, heads_lib.target_projection(target))
   eval_step = jax.jit(_eval_step)
+
+  def step(state, batch):
+    return train_step(state, batch, fixed, optimizer, distill_weight)
 
   def validate(params):
     correct = np.zeros(num_heads)
@@ -571,142 +400,79 @@ def train_heads(
       nll += np.asarray(aux['nll']) * c
       count += c
     count = np.maximum(count, 1.0)
-    return (correct / count).tolist(), (nll / count).tolist()
+    return {
+      'validation_accuracy': (correct / count).tolist(),
+      'validation_nll': (nll / count).tolist(),
+    }
 
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  def log_fields(aux):
+    count = np.maximum(np.asarray(aux['count']), 1.0)
+    return {
+      'nll': np.asarray(aux['nll']).tolist(),
+      'accuracy': (np.asarray(aux['correct']) / count).tolist(),
+    }
+
+  def postfix(record, validation):
+    val1 = (
+      '-'
+      if validation is None
+      else f'{validation["validation_accuracy"][0]:.2f}'
+    )
+    return {'acc1': f'{record["accuracy"][0]:.2f}', 'val1': val1}
+
   print(
     f'train_heads: {num_heads} heads of depth {depth} on {target_path} '
-    f'({n_params:,} trained parameters); {train_data.num_examples} greedy '
+    f'({common.num_params(state.params):,} trained parameters); '
+    f'{train_data.num_examples} greedy '
     f'train outputs ({gen_seconds:.0f} s to decode or load, '
     f'{feature_seconds:.0f} s for their features), '
     f'{len(eval_pairs)} validation; '
-    f'{"resuming at" if resumed else "starting at"} step {start} of '
-    f'{train_steps}',
+    f'{"resuming at" if resumed else "starting at"} step {int(state.step)} '
+    f'of {train_steps}',
     flush=True,
   )
-  manager = train_lib._manager(model_dir, keep_checkpoints)  # pylint: disable=protected-access
-  heads_path = os.path.join(model_dir, HEADS_DIR)
-  deadline = (time.monotonic() + 60.0 * max_minutes) if max_minutes else None
-  stopped = 'done'
-  last_loss = None
-  last_val, last_val_step = None, None
-  bar = tqdm.tqdm(
-    total=train_steps,
-    initial=start,
-    disable=not progress,
-    unit='step',
-    dynamic_ncols=True,
-    desc='train heads',
+  run = common.train_loop(
+    state,
+    train_data.feature_batch,
+    step,
+    validate,
+    model_dir,
+    common.LoopSettings(
+      train_steps,
+      eval_every,
+      checkpoint_every,
+      keep_checkpoints,
+      log_every,
+      max_minutes,
+      progress,
+    ),
+    log_fields=log_fields,
+    postfix=postfix,
+    name='train_heads',
   )
-  loss_acc, n_acc = 0.0, 0
-  step = start
-  t_train = time.monotonic()
-  try:
-    with train_lib._Interrupt():  # pylint: disable=protected-access
-      while step < train_steps:
-        features, targets = train_data.feature_batch(step)
-        state, aux = train_step(
-          state,
-          frozen,
-          features,
-          targets,
-          head_weights,
-          base_projection,
-          optimizer,
-          distill_weight,
-        )
-        loss = float(aux['loss'])
-        step += 1
-        if not math.isfinite(loss):
-          raise FloatingPointError(f'loss is {loss} at step {step}')
-        loss_acc += loss
-        n_acc += 1
-        bar.update(1)
-        if step % log_every == 0 or step == train_steps:
-          last_loss = loss_acc / n_acc
-          count = np.maximum(np.asarray(aux['count']), 1.0)
-          record = {
-            'step': step,
-            'loss': last_loss,
-            'nll': np.asarray(aux['nll']).tolist(),
-            'accuracy': (np.asarray(aux['correct']) / count).tolist(),
-            'grad_norm': float(aux['grad_norm']),
-            'time': time.time(),
-          }
-          if eval_every and step % eval_every == 0:
-            last_val = validate(state.params)
-            last_val_step = step
-            record['validation_accuracy'] = last_val[0]
-            record['validation_nll'] = last_val[1]
-          train_lib._log(model_dir, record)  # pylint: disable=protected-access
-          bar.set_postfix(
-            loss=f'{last_loss:.3f}',
-            acc1=f'{record["accuracy"][0]:.2f}',
-            val1='-' if last_val is None else f'{last_val[0][0]:.2f}',
-          )
-          loss_acc, n_acc = 0.0, 0
-        if step % checkpoint_every == 0:
-          train_lib._save(manager, state)  # pylint: disable=protected-access
-        if deadline is not None and time.monotonic() > deadline:
-          print(
-            f'\ntrain_heads: max_minutes={max_minutes} reached at step '
-            f'{step}; checkpointing (rerun to continue)',
-            flush=True,
-          )
-          stopped = 'time'
-          break
-  except KeyboardInterrupt:
-    stopped = 'interrupted'
-    print(
-      f'\ntrain_heads: interrupted at step {int(state.step)}; checkpointing',
-      flush=True,
-    )
-  finally:
-    bar.close()
-  train_seconds = time.monotonic() - t_train
-  train_lib._save(manager, state)  # pylint: disable=protected-access
-  manager.close()
-  if last_val_step != int(state.step):
-    last_val = validate(state.params)
-    train_lib._log(  # pylint: disable=protected-access
-      model_dir,
-      {
-        'step': int(state.step),
-        'validation_accuracy': last_val[0],
-        'validation_nll': last_val[1],
-        'time': time.time(),
-      },
-    )
+  heads_path = os.path.join(model_dir, HEADS_DIR)
   heads = init_heads.with_arrays(
-    {k: jnp.asarray(v) for k, v in {**frozen, **state.params}.items()}
+    {k: jnp.asarray(v) for k, v in {**frozen, **run.state.params}.items()}
   )
   export_heads(heads, heads_path)
+  accuracy = run.validation['validation_accuracy']
   print(
-    f'train_heads: step {int(state.step)} ({train_seconds:.0f} s this run), '
-    f'validation top-1 accuracy per head '
-    f'{json.dumps([round(a, 4) for a in last_val[0]])}; heads in '
+    f'train_heads: step {int(run.state.step)} ({run.seconds:.0f} s this '
+    f'run), validation top-1 accuracy per head '
+    f'{json.dumps([round(a, 4) for a in accuracy])}; heads in '
     f'{heads_path}',
     flush=True,
   )
   return HeadsTrainResult(
-    int(state.step), last_loss, last_val[0], last_val[1], stopped, heads_path
+    int(run.state.step),
+    run.train_loss,
+    accuracy,
+    run.validation['validation_nll'],
+    run.stopped,
+    heads_path,
   )
 
 
 def export_heads(heads: heads_lib.Heads, path: str) -> None:
   """Writes `Heads.save` format to `path`, replacing it."""
-  tmp = path.rstrip('/') + '.tmp'
-  shutil.rmtree(tmp, ignore_errors=True)
-  heads.save(tmp)
-  shutil.rmtree(path, ignore_errors=True)
-  os.replace(tmp, path)
-
-
-def gin_binds_heads() -> bool:
-  """Whether the parsed gin config binds `heads.train_heads`."""
-  import gin  # pylint: disable=g-import-not-at-top
-
-  try:
-    return bool(gin.get_bindings(train_heads))
-  except (ValueError, KeyError):
-    return False
+  common.replace_dir(path, heads.save)
