@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
-	$(PY) -m spec_decode.kernels.build || echo "small-M CPU kernel not built: dense layers use jnp.dot"
+	$(PY) -m spec_decode.main build-kernel || echo "small-M CPU kernel not built: dense layers use jnp.dot"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -26,17 +26,17 @@ test: install
 # task (the data is built from apt's translation lists on first use).
 DATA_DIR ?= data/debian
 demo: install
-	test -f $(DATA_DIR)/manifest.json || $(PY) -m spec_decode.data.debian --out_dir $(DATA_DIR) --fetch
+	test -f $(DATA_DIR)/manifest.json || $(PY) -m spec_decode.main data build --out_dir $(DATA_DIR) --fetch
 	$(PY) -m spec_decode.main eval
 
 # Mechanics only, on random tiny models (no data, no checkpoints).
 demo-random: install
-	$(PY) -m spec_decode.demo
+	$(PY) -m spec_decode.main demo
 
 bench: install
 	$(PY) -m spec_decode.main bench --out bench.json
-	$(PY) -m spec_decode.bench.load --out load_bench.json
-	$(PY) -m spec_decode.bench.draft_dtype --out bench_draft_dtype.json
+	$(PY) -m spec_decode.main bench load --out load_bench.json
+	$(PY) -m spec_decode.main bench draft_dtype --out bench_draft_dtype.json
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests

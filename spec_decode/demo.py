@@ -103,7 +103,3 @@ def main(argv: list[str] | None = None) -> int:
       f'{t2 - t1:.2f}s'
     )
   return 0
-
-
-if __name__ == '__main__':
-  raise SystemExit(main())

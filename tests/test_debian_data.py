@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+from spec_decode import main as spec_decode_main
 from spec_decode.data import debian
 
 _EN_TEMPLATE = """\
@@ -230,7 +231,7 @@ def test_missing_source_says_what_to_run(tmp_path):
   message = str(err.value)
   assert 'apt-get -o Acquire::Languages=de,en update' in message
   out_dir = str(tmp_path / 'out')
-  assert f'python -m spec_decode.data.debian --out_dir {out_dir}' in message
+  assert f'spec-decode data build --out_dir {out_dir}' in message
   assert not (tmp_path / 'out').exists()
 
 
@@ -247,14 +248,38 @@ def test_cli_builds_and_reports_missing_source(tmp_path, capsys):
   lists = tmp_path / 'lists'
   write_fixture(str(lists), compress_de=False)
   out = tmp_path / 'out'
-  rc = debian.main(['--out_dir', str(out), '--lists_dir', str(lists)])
+  build = ['data', 'build', '--out_dir', str(out)]
+  rc = spec_decode_main.run([*build, '--lists_dir', str(lists)])
   assert rc == 0
   assert 'ende: train' in capsys.readouterr().out
-  rc = debian.main(
-    ['--out_dir', str(out), '--lists_dir', str(tmp_path / 'nothing')]
-  )
+  rc = spec_decode_main.run([*build, '--lists_dir', str(tmp_path / 'nothing')])
   assert rc == 1
   assert 'Acquire::Languages=de,en' in capsys.readouterr().err
+
+
+def test_data_help_lists_its_commands(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    spec_decode_main.run(['data', '--help'])
+  assert exit_.value.code == 0
+  out = capsys.readouterr().out
+  assert 'usage: spec-decode data' in out
+  assert 'build' in out and 'vocab' in out
+  with pytest.raises(SystemExit) as exit_:
+    spec_decode_main.run(['data', 'build', '--help'])
+  assert exit_.value.code == 0
+  assert '--fetch' in capsys.readouterr().out
+  with pytest.raises(SystemExit) as exit_:
+    spec_decode_main.run(['data'])
+  assert exit_.value.code == 2
+
+
+def test_data_vocab_without_data_says_how_to_build(tmp_path, capsys):
+  none = tmp_path / 'none'
+  rc = spec_decode_main.run(
+    ['data', 'vocab', '--data_dir', str(none), '--output', str(tmp_path / 'x')]
+  )
+  assert rc == 1
+  assert f'spec-decode data build --out_dir {none}' in capsys.readouterr().err
 
 
 def test_ensure_built_reuses_an_existing_build(tmp_path):

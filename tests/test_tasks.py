@@ -88,10 +88,8 @@ def test_missing_debian_data_says_how_to_build(tmp_path):
   task = tasks.get_task('debian_ende', data_dir=str(tmp_path / 'none'))
   with pytest.raises(FileNotFoundError) as err:
     next(tasks.examples(task, 'test'))
-  assert (
-    f'python -m spec_decode.data.debian --out_dir {tmp_path / "none"}'
-    in str(err.value)
-  )
+  build = f'spec-decode data build --out_dir {tmp_path / "none"}'
+  assert build in str(err.value)
 
 
 def test_reads_what_the_builder_writes(tmp_path):

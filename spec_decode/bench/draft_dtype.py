@@ -1,6 +1,6 @@
 """The draft's weights in float32 against bfloat16 (packed for the kernel).
 
-`python -m spec_decode.bench.draft_dtype [--quick] [--out FILE]`: on the
+`spec-decode bench draft_dtype [--quick] [--out FILE]`: on the
 bench's models, speculative decoding under `ControlledDraft` (greedy,
 batch 1) with the draft network's decoder packed in float32 and in
 bfloat16, side by side in one process (float32 measured again last, to show
@@ -42,15 +42,9 @@ def run(cfg: speed.BenchConfig, alpha: float, gamma: int) -> dict:
   rows = {}
   for name, draft_net in variants:
     draft = speed.controlled_draft(draft_net, reference, alpha)
-    spec_time, spec = speed.timed_generate(
-      cfg.repeats,
-      model=target,
-      encoder_tokens=enc,
-      draft=draft,
-      gamma=gamma,
-      max_decode_len=m,
+    spec_time, spec = speed.timed_speculative(
+      cfg.repeats, target, enc, draft, gamma, m, plain=plain
     )
-    assert (spec.tokens == plain.tokens).all(), 'greedy identity broken'
     rows[name] = dict(
       c=costs.step_times(draft_net, [1], cfg.repeats)[1] / target_step,
       iteration_in_context_ms=costs.iteration_time(
@@ -80,7 +74,9 @@ def to_markdown(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(
+    prog='spec-decode bench draft_dtype', description=__doc__.splitlines()[0]
+  )
   parser.add_argument(
     '--quick', action='store_true', help='bench --quick models'
   )
@@ -96,7 +92,3 @@ def main(argv: list[str] | None = None) -> int:
   print(to_markdown(r))
   print(f'\nwrote {args.out}')
   return 0
-
-
-if __name__ == '__main__':
-  raise SystemExit(main())

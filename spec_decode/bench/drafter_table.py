@@ -6,7 +6,7 @@ the first examples of the test split (one batch), greedy and at t = 1, and
 the table reports alpha, output tokens per target call and draft tokens
 proposed per iteration (Copy proposes fewer when it finds no match).
 
-  JAX_PLATFORMS=cpu python -m spec_decode.bench.drafter_table \
+  JAX_PLATFORMS=cpu spec-decode bench drafters \
       --task debian_ende --num_examples 50 --gamma 4
 
 Measured on the demo target (Debian EnDe test, 50 examples, gamma 4),
@@ -56,8 +56,10 @@ def drafters(target, fit_task, max_ngram):
   }
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+    prog='spec-decode bench drafters', description=__doc__.split('\n')[0]
+  )
   parser.add_argument('--target', default='checkpoints/demo/target')
   parser.add_argument('--task', default='debian_ende')
   parser.add_argument(
@@ -119,7 +121,4 @@ def main(argv=None):
   print('|---|---|---|---|---|')
   for name, t, alpha, tpc, prop, _, _ in rows:
     print(f'| {name} | {t:g} | {alpha:.3f} | {tpc:.2f} | {prop:.2f} |')
-
-
-if __name__ == '__main__':
-  main()
+  return 0

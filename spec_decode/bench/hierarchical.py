@@ -12,7 +12,7 @@ configuration compiles first (inputs are padded to one width), then
 `--repeats` interleaved rounds decode every example under every
 configuration; the time is the sum over examples of the fastest round.
 
-  JAX_PLATFORMS=cpu python -m spec_decode.bench.hierarchical \\
+  JAX_PLATFORMS=cpu spec-decode bench hierarchical \\
       --num_examples 30 --gamma 4 --inner_gammas 1,2,3 --repeats 3
 """
 
@@ -160,8 +160,11 @@ def _fmt(x, spec):
   return '-' if x is None else format(x, spec)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+    prog='spec-decode bench hierarchical',
+    description=__doc__.split('\n')[0],
+  )
   parser.add_argument('--target', default='checkpoints/demo/target')
   parser.add_argument('--draft', default='checkpoints/demo/draft')
   parser.add_argument('--data_dir', default='data/debian')
@@ -250,7 +253,4 @@ def main(argv=None):
   if args.out:
     with open(args.out, 'w', encoding='utf-8') as f:
       json.dump(rows, f, indent=2)
-
-
-if __name__ == '__main__':
-  main()
+  return 0

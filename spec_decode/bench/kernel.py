@@ -1,6 +1,6 @@
 """Benchmark: XLA's dot vs the small-K kernel, inside jit, on this CPU.
 
-  python -m spec_decode.bench.kernel [--repeats 15] [--json out.json]
+  spec-decode bench kernel [--repeats 15] [--json out.json]
 
 For each case and k in {1, 2, 4, 8, 16} it times one jitted call (median over
 repeats after warm-up; the machine is shared, so medians, not means) of
@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.kernels import build as kernel_build
 from spec_decode.kernels import ops
 
 KS = (1, 2, 4, 8, 16)
@@ -59,6 +60,15 @@ def _time_round_robin(calls: dict, repeats: int) -> dict:
   return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _library() -> ctypes.CDLL | None:
+  """The kernel library (built if missing or stale), for its thread pool's
+  copy and read loops; None when it cannot be built or loaded."""
+  try:
+    return ctypes.CDLL(str(kernel_build.build()))
+  except (kernel_build.BuildError, OSError):
+    return None
+
+
 def _bandwidth(nbytes: int, repeats: int) -> dict:
   """Copy and read rates (GB/s) over `nbytes`, medians over `repeats`."""
 
@@ -74,7 +84,7 @@ def _bandwidth(nbytes: int, repeats: int) -> dict:
   src = np.ones(nbytes // 4, np.float32)
   dst = np.empty_like(src)
   out = {'numpy_copy': median_rate(lambda: np.copyto(dst, src))}
-  lib = ops._load()  # pylint: disable=protected-access
+  lib = _library()
   if lib is not None:
     copy = lib.smallm_parallel_copy
     copy.argtypes = [
@@ -164,8 +174,10 @@ def _bench_case(name, shapes, repeats, rng) -> list[dict]:
   return rows
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+    prog='spec-decode bench kernel', description=__doc__.splitlines()[0]
+  )
   parser.add_argument('--repeats', type=int, default=15)
   parser.add_argument('--json', default=None, help='write results here')
   parser.add_argument(
@@ -232,7 +244,4 @@ def main(argv=None) -> None:
       json.dump(
         {'kernel': info, 'bandwidth_gbs': bw, 'rows': rows}, f, indent=2
       )
-
-
-if __name__ == '__main__':
-  main()
+  return 0

@@ -1,6 +1,6 @@
 """Load time and peak host memory of a base-size model in each format.
 
-    python -m spec_decode.bench.load [--config t5_1_1_base] [--out f.json]
+    spec-decode bench load [--config t5_1_1_base] [--out f.json]
 
 Writes one random model (default T5 v1.1 base: emb 768, 12 heads, mlp 2048,
 12+12 layers, 248M parameters) into a temporary directory as our orbax
@@ -145,9 +145,25 @@ def _load(fmt: str, path: str, config_json: str, dtype: str) -> dict:
   }
 
 
-def _child(args: list[str]) -> dict:
+# What a fresh child process runs: `child_main(['write' | 'load', ...])`.
+_CHILD_CODE = (
+  'import sys; from spec_decode.bench import load; '
+  'sys.exit(load.child_main(sys.argv[1:]))'
+)
+
+
+def child_main(args: list[str]) -> int:
+  """In the child: `_write` or `_load` per `args[0]`; prints its JSON."""
+  kind, *rest = args
+  result = _write(*rest) if kind == 'write' else _load(*rest)
+  print(json.dumps(result))
+  return 0
+
+
+def run_in_child(args: list[str]) -> dict:
+  """`child_main(args)` in a fresh Python process; its JSON result."""
   out = subprocess.run(
-    [sys.executable, '-m', 'spec_decode.bench.load', '--_child', *args],
+    [sys.executable, '-c', _CHILD_CODE, *args],
     check=True,
     capture_output=True,
     text=True,
@@ -155,22 +171,18 @@ def _child(args: list[str]) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(
+    prog='spec-decode bench load', description=__doc__.splitlines()[0]
+  )
   p.add_argument('--config', default='t5_1_1_base', help='gin model file')
   p.add_argument('--dtypes', default='float32,bfloat16')
   p.add_argument('--out', help='write the results as JSON here')
-  p.add_argument('--_child', nargs='+', help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  if args._child:  # pylint: disable=protected-access
-    kind, *rest = args._child  # pylint: disable=protected-access
-    result = _write(*rest) if kind == 'write' else _load(*rest)
-    print(json.dumps(result))
-    return 0
 
   with tempfile.TemporaryDirectory(prefix='load_bench_') as root:
     start = time.perf_counter()
-    info = _child(['write', args.config, root])
+    info = run_in_child(['write', args.config, root])
     print(
       f'wrote {args.config} ({info["parameters"] / 1e6:.1f}M parameters) '
       f'in every format in {time.perf_counter() - start:.0f}s'
@@ -180,7 +192,9 @@ def main(argv=None) -> int:
     for dtype in args.dtypes.split(','):
       for fmt in _FORMATS:
         if fmt in info['disk_mib']:
-          r = _child(['load', fmt, os.path.join(root, fmt), config_json, dtype])
+          r = run_in_child(
+            ['load', fmt, os.path.join(root, fmt), config_json, dtype]
+          )
           results.append(r)
   itemsize = {'float32': 4, 'bfloat16': 2}
   print(
@@ -211,7 +225,3 @@ def main(argv=None) -> int:
       json.dump({'parameters': info['parameters'], 'results': results}, f,
                 indent=2)  # fmt: skip
   return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main())

@@ -50,9 +50,9 @@ Ids are `<Description-md5>:s` (synopsis) or `<Description-md5>:p<k>`
 (paragraph k of the long description) for `ende`, `<Description-md5>` for
 `summarize`.
 
-Usage:
+Usage (`main`):
 
-  python -m spec_decode.data.debian --out_dir data/debian [--fetch]
+  spec-decode data build --out_dir data/debian [--fetch]
 """
 
 import argparse
@@ -83,7 +83,7 @@ TASK_DIRS = ('ende', 'summarize')
 TSV_HEADER = ('id', 'source', 'target')
 FORMAT_VERSION = 1
 FETCH_COMMAND = 'apt-get -o Acquire::Languages=de,en update'
-BUILD_COMMAND = 'python -m spec_decode.data.debian --out_dir {out_dir}'
+BUILD_COMMAND = 'spec-decode data build --out_dir {out_dir}'
 
 _EXTENSIONS = ('', '.lz4', '.xz', '.gz', '.bz2', '.zst', '.lzma')
 _SPLIT_SALT = 'spec_decode/debian/v1/'
@@ -557,8 +557,9 @@ def fetch(lists_dir: str = DEFAULT_LISTS_DIR, timeout: float = 600.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """`spec-decode data build`: builds the data; returns the exit code."""
   parser = argparse.ArgumentParser(
-    prog='python -m spec_decode.data.debian',
+    prog='spec-decode data build',
     description=(
       'Build EnDe translation and summarization splits from Debian package '
       'descriptions.'
@@ -584,7 +585,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     row = ', '.join(f'{s} {n}' for s, n in per_split.items())
     print(f'  {task}: {row}')
   return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main())

@@ -10,7 +10,7 @@ of `ende` (English and German) and both sides of `summarize` (English), in
 file order. Training is deterministic: no sampling of sentences, no
 shuffling, one thread; the same corpus gives a byte-identical model.
 
-    python -m spec_decode.data.spm_trainer --data_dir data/debian \
+    spec-decode data vocab --data_dir data/debian \
         --output runs/demo/spiece.model
 """
 
@@ -129,8 +129,9 @@ def build(
 
 
 def main(argv: list[str] | None = None) -> int:
+  """`spec-decode data vocab`: trains and writes the vocabulary."""
   parser = argparse.ArgumentParser(
-    prog='python -m spec_decode.data.spm_trainer',
+    prog='spec-decode data vocab',
     description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
@@ -162,7 +163,3 @@ def main(argv: list[str] | None = None) -> int:
     return 1
   print(f'wrote {args.output}: {vocabulary!r}')
   return 0
-
-
-if __name__ == '__main__':
-  raise SystemExit(main())

@@ -9,7 +9,7 @@ Debian and synthetic tasks.
 Registered tasks (`task_names()`):
 
 * `debian_ende`, `debian_summarize`: the offline Debian data built by
-  `python -m spec_decode.data.debian` (TSV splits under `data/debian`, or
+  `spec-decode data build` (TSV splits under `data/debian`, or
   `$SPEC_DECODE_DEBIAN_DIR`, or the `data_dir` given to `get_task`).
 * `wmt_t2t_ende_v003`, `cnn_dailymail_v002`: the paper's tasks from TFDS
   (`wmt_t2t_translate/de-en`, `cnn_dailymail`), read with

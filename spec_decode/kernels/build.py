@@ -1,6 +1,6 @@
 """Builds the small-K matmul kernel library (`smallm.cc`) with g++.
 
-  python -m spec_decode.kernels.build [--force] [--march=native]
+  spec-decode build-kernel [--force] [--march=native]
 
 The shared library lands next to the source (`_smallm.so`, gitignored), or in
 `~/.cache/spec_decode/kernels` when the package directory is read-only. A
@@ -180,8 +180,11 @@ def build(
   return lib
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+  """`spec-decode build-kernel` (`make install` runs it)."""
+  parser = argparse.ArgumentParser(
+    prog='spec-decode build-kernel', description=__doc__.splitlines()[0]
+  )
   parser.add_argument('--force', action='store_true', help='rebuild always')
   parser.add_argument(
     '--march',
@@ -200,7 +203,3 @@ def main(argv=None) -> int:
   handle.smallm_isa.restype = ctypes.c_char_p
   print(f'{lib} (isa: {handle.smallm_isa().decode()})')
   return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main())

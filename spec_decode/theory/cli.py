@@ -8,7 +8,7 @@ arithmetic-operations increase vs γ), plus the printed numbers as JSON.
 
 Example:
 
-  python -m spec_decode.theory.cli --out_dir=/tmp/theory \
+  spec-decode theory --out_dir=/tmp/theory \
       --alphas=0.6,0.7,0.8,0.9 --cs=0.01,0.05,0.1
 """
 
@@ -253,11 +253,12 @@ def plot_figure4(path: str, c: float, c_hat: float) -> None:
   fig.savefig(path, dpi=100)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
   """Runs the CLI.
 
   Args:
-    argv: command-line arguments without the program name.
+    argv: command-line arguments without the program name (None:
+      `sys.argv[1:]`).
 
   Returns:
     The process exit code (0 on success).
@@ -284,7 +285,3 @@ def main(argv: list[str]) -> int:
   for path in paths:
     print(f'wrote {path}')
   return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,133 @@
+"""`spec-decode bench`: speed measured side by side, and the sub-benchmarks.
+
+  spec-decode bench [--quick] [--out bench.json] [--kernel both|on|off|none]
+      [--kernel_only] [--profile on|off] [--profile_only]
+  spec-decode bench BENCHMARK [its flags]
+
+Without a BENCHMARK: the sections of `bench.speed` (plain decoding
+efficiency, v(k), speculative vs plain under controlled acceptance, batch
+sizes, the Hugging Face peer, compile counts; `--kernel` and `--profile`
+add the kernel on/off and profile sections), printed as Markdown tables
+(`bench.report`) and written as JSON to `--out`. `make bench` runs it with
+`load` and `draft_dtype`. `spec-decode bench BENCHMARK --help` gives a
+sub-benchmark's flags.
+"""
+
+import argparse
+import importlib
+import json
+import sys
+
+from spec_decode.bench import kernel_sections
+from spec_decode.bench import report
+from spec_decode.bench import speed
+
+# Sub-benchmark -> (module with `main(argv) -> int`, one line of help).
+# Imported only when run.
+BENCHMARKS = {
+  'load': (
+    'spec_decode.bench.load',
+    'load time and peak host memory of a model in each checkpoint format',
+  ),
+  'draft_dtype': (
+    'spec_decode.bench.draft_dtype',
+    "the draft's weights in float32 against bfloat16 (packed)",
+  ),
+  'kernel': (
+    'spec_decode.bench.kernel',
+    "XLA's dot vs the small-K CPU kernel, inside jit",
+  ),
+  'drafters': (
+    'spec_decode.bench.drafter_table',
+    'acceptance of the unigram, bigram and Copy drafters on a Debian task',
+  ),
+  'hierarchical': (
+    'spec_decode.bench.hierarchical',
+    'hierarchical drafting on the demo pair (Debian EnDe, greedy)',
+  ),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog='spec-decode bench',
+    usage='%(prog)s [-h] [flags] | %(prog)s BENCHMARK [its flags]',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument(
+    '--quick',
+    action='store_true',
+    help='smaller models and fewer repeats (< 3 minutes)',
+  )
+  parser.add_argument('--out', default='bench.json', help='JSON output path')
+  parser.add_argument(
+    '--kernel',
+    choices=('both', 'on', 'off', 'none'),
+    default=None,
+    help='sections 1-3 again with the small-K CPU kernel on and/or off '
+    '(JSON key "kernel"); none skips them (default: both, none with '
+    '--quick)',
+  )
+  parser.add_argument(
+    '--kernel_only', action='store_true', help='only the --kernel sections'
+  )
+  parser.add_argument(
+    '--profile',
+    choices=('on', 'off'),
+    default='on',
+    help='where a speculative iteration\'s time goes (JSON key "profile")',
+  )
+  parser.add_argument(
+    '--profile_only', action='store_true', help='only the --profile section'
+  )
+  # Listed for --help; `main` runs a sub-benchmark before parsing.
+  subcommands = parser.add_subparsers(
+    title='sub-benchmarks',
+    dest='benchmark',
+    metavar='BENCHMARK',
+  )
+  for name, (_, text) in BENCHMARKS.items():
+    subcommands.add_parser(name, help=text, add_help=False)
+  return parser
+
+
+def _run_speed(args: argparse.Namespace) -> int:
+  """The sections of `bench.speed` per the flags: JSON out, Markdown shown."""
+  cfg = speed.QUICK if args.quick else speed.FULL
+  if args.kernel is None:
+    args.kernel = 'none' if args.quick else 'both'
+  only = args.kernel_only or args.profile_only
+  results = {} if only else speed.run(cfg)
+  if args.kernel != 'none' and not args.profile_only:
+    settings = ('off', 'on') if args.kernel == 'both' else (args.kernel,)
+    results['kernel'] = kernel_sections.kernel_sections(cfg, settings)
+  if (args.profile == 'on' and not args.kernel_only) or args.profile_only:
+    results['profile'] = speed.profile_section(cfg)
+  results['quick'] = args.quick
+  with open(args.out, 'w') as f:
+    json.dump(results, f, indent=2)
+  if not only:
+    print(report.to_markdown(results))
+  if 'kernel' in results:
+    print('\n' + report.kernel_markdown(results['kernel']))
+  if 'profile' in results:
+    print('\n' + report.profile_markdown(results['profile']))
+  print(f'\nwrote {args.out}')
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Runs `spec-decode bench [BENCHMARK] ...`; returns the exit code."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in BENCHMARKS:
+    module = importlib.import_module(BENCHMARKS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+  parser = _parser()
+  args = parser.parse_args(argv)
+  if args.benchmark is not None:
+    parser.error(
+      f'name the sub-benchmark first: spec-decode bench {args.benchmark} '
+      '[its flags]'
+    )
+  return _run_speed(args)
