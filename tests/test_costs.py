@@ -13,7 +13,7 @@ from spec_decode.core import costs
 def test_measure_reports_c_and_v(target, near_draft):
   out = costs.measure(target, near_draft, ks=(2, 4), batch=2, repeats=1)
   assert set(out['v_of_k']) == {1, 2, 4}
-  assert out['v_of_k'][1] == 1.0
+  assert all(v > 0 and math.isfinite(v) for v in out['v_of_k'].values())
   assert out['c'] > 0 and math.isfinite(out['c'])
   assert out['target_step_seconds'] > 0 and out['draft_step_seconds'] > 0
 
