@@ -8,7 +8,7 @@ accepts the flags T5X's launchers accept, parsed the same way:
   --gin_search_paths=D  comma-separated directories `include` also searches
                         (T5X's flag; the working directory is always last).
   --gin.NAME=VALUE      a binding `NAME = VALUE` (macros: `--gin.GAMMA=7`,
-                        parameters: `--gin.spec_eval.evaluate.seed=3`); a
+                        parameters: `--gin.spec_eval.EvalSettings.seed=3`); a
                         bare word is a string (`--gin.TASK=debian_ende`).
                         `--gin.NAME VALUE` is the same.
   --gin_bindings=B      a raw binding `NAME = VALUE` (repeatable).
@@ -171,7 +171,8 @@ def macro(name: str, default: Any = None) -> Any:
 def binds(fn: Any) -> bool:
   """Whether the parsed config binds any parameter of `fn`."""
   try:
-    return bool(gin.get_bindings(fn))
+    # Unresolved: resolving would build every bound object (load models).
+    return bool(gin.get_bindings(fn, resolve_references=False))
   except ValueError:
     return False
 

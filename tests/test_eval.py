@@ -5,13 +5,17 @@ Every run uses the random T5 v1.1 "tiny" target and draft of
 decode loops compile once per shape for the whole module.
 """
 
+import dataclasses
 import json
 import os
 
 import pytest
 
+from spec_decode import gin_cli
 from spec_decode.eval import cli
+from spec_decode.eval import report
 from spec_decode.eval import run as eval_lib
+from spec_decode.eval import settings as settings_lib
 
 REQUIRED_FIELDS = (
   'exact_match_fraction', 'alpha', 'speedup_measured', 'speedup_predicted',
@@ -21,16 +25,19 @@ REQUIRED_FIELDS = (
   'draft_calls', 'tokens_per_call', 'speedup_predicted_theorem38',
   'walltime', 'plain_target_calls', 'exact_algorithm', 'sweep', 'v_of_k',
 )  # fmt: skip
-RUN = dict(
+SETTINGS = eval_lib.EvalSettings(
   task='synthetic_tiny',
   num_examples=5,
   batch_size=2,
   max_decode_len=12,
   max_input_len=32,
   timing_repeats=1,
-  progress=False,
-  print_summary=False,
 )
+RUN = dict(progress=False, print_summary=False)
+
+
+def _settings(**changes):
+  return dataclasses.replace(SETTINGS, **changes)
 
 
 @pytest.fixture(scope='module')
@@ -48,7 +55,7 @@ def full_run(models, tmp_path_factory):
   out = str(tmp_path_factory.mktemp('full'))
   target, draft = models
   results = eval_lib.evaluate(
-    target=target, draft=draft, gamma=[2, 3], output_dir=out, **RUN
+    target, draft, _settings(gamma=[2, 3]), output_dir=out, **RUN
   )
   return out, results
 
@@ -125,7 +132,7 @@ def test_interrupted_run_resumes_to_the_same_results(models, full_run,
 
   with pytest.raises(Interrupt):
     eval_lib.evaluate(
-      target=target, draft=draft, gamma=[2, 3], output_dir=out,
+      target, draft, _settings(gamma=[2, 3]), output_dir=out,
       on_batch_done=stop_after_two, **RUN,
     )  # fmt: skip
   assert len(_lines(out)) == 2
@@ -136,7 +143,7 @@ def test_interrupted_run_resumes_to_the_same_results(models, full_run,
 
   seen = []
   resumed = eval_lib.evaluate(
-    target=target, draft=draft, gamma=[2, 3], output_dir=out,
+    target, draft, _settings(gamma=[2, 3]), output_dir=out,
     on_batch_done=seen.append, **RUN,
   )  # fmt: skip
   assert seen == [4, 5]  # Only the missing batches were decoded.
@@ -151,7 +158,7 @@ def test_other_settings_in_the_same_directory_are_refused(models, full_run):
   target, draft = models
   out, _ = full_run
   with pytest.raises(ValueError, match='other settings.*gamma'):
-    eval_lib.evaluate(target=target, draft=draft, gamma=[4], output_dir=out,
+    eval_lib.evaluate(target, draft, _settings(gamma=[4]), output_dir=out,
                       **RUN)  # fmt: skip
 
 
@@ -161,10 +168,9 @@ def test_draft_equal_to_target_accepts_everything_at_temperature_1(
   # Same seeds for both decodes: a draft equal to the target reproduces
   # plain sampling token for token, and every draft token is accepted.
   target, _ = models
-  run = dict(RUN, num_examples=2)
   r = eval_lib.evaluate(
-    target=target, draft=target, gamma=3, temperature=1.0,
-    output_dir=str(tmp_path), **run,
+    target, target, _settings(num_examples=2, gamma=3, temperature=1.0),
+    output_dir=str(tmp_path), **RUN,
   )  # fmt: skip
   assert r['exact_match_fraction'] == 1.0
   assert r['alpha'] == pytest.approx(1.0, abs=1e-5)
@@ -178,11 +184,13 @@ def test_draft_equal_to_target_accepts_everything_at_temperature_1(
 
 def test_auto_gamma_reports_its_choice(models, tmp_path):
   target, draft = models
-  r = eval_lib.evaluate(
-    target=target, draft=draft, gamma='auto', output_dir=str(tmp_path),
-    calibration_batches=1, calibration_gamma=2, max_auto_gamma=3,
-    **dict(RUN, num_examples=2),
+  settings = _settings(
+    num_examples=2, gamma='auto', calibration_batches=1, calibration_gamma=2,
+    max_auto_gamma=3,
   )  # fmt: skip
+  r = eval_lib.evaluate(
+    target, draft, settings, output_dir=str(tmp_path), **RUN
+  )
   choice = r['gamma_choice']
   assert r['gamma_mode'] == 'auto'
   assert 1 <= choice['gamma'] <= 3 and r['gamma'] == choice['gamma']
@@ -197,8 +205,8 @@ def test_auto_gamma_reports_its_choice(models, tmp_path):
 def test_lenient_runs_are_labelled_not_exact(full_run):
   _, r = full_run
   lenient = dict(r, exact_algorithm=False, lenience=0.5)
-  assert 'NOT exact' in eval_lib.eval_report.summary_markdown(lenient)
-  assert 'NOT exact' not in eval_lib.eval_report.summary_markdown(r)
+  assert 'NOT exact' in report.summary_markdown(lenient)
+  assert 'NOT exact' not in report.summary_markdown(r)
 
 
 def test_parse_gamma():
@@ -254,15 +262,119 @@ def test_default_run_without_the_demo_pair_says_what_to_do(monkeypatch, capsys):
   assert 'no/such/checkpoint' in err and 'spec-decode train' in err
 
 
+def _binding(flag):
+  bindings, rest = gin_cli.split_flags([flag])
+  assert rest == []
+  return bindings[0]
+
+
 def test_gin_flags_become_bindings():
-  assert cli.binding_from_flag('--gin.GAMMA=7') == 'GAMMA = 7'
-  assert cli.binding_from_flag('--gin.GAMMA=[3, 5]') == 'GAMMA = [3, 5]'
-  assert cli.binding_from_flag('--gin.TASK=debian_ende') == (
-    "TASK = 'debian_ende'"
-  )
-  assert cli.binding_from_flag("--gin.GAMMA='auto'") == "GAMMA = 'auto'"
-  assert cli.binding_from_flag('--gin.X=/a/b') == "X = '/a/b'"
-  assert cli.binding_from_flag('--gin.X=None') == 'X = None'
-  assert cli.binding_from_flag('--gin.X=@f()') == 'X = @f()'
+  assert _binding('--gin.GAMMA=7') == 'GAMMA = 7'
+  assert _binding('--gin.GAMMA=[3, 5]') == 'GAMMA = [3, 5]'
+  assert _binding('--gin.TASK=debian_ende') == "TASK = 'debian_ende'"
+  assert _binding("--gin.GAMMA='auto'") == "GAMMA = 'auto'"
+  assert _binding('--gin.X=/a/b') == "X = '/a/b'"
+  assert _binding('--gin.X=None') == 'X = None'
+  assert _binding('--gin.X=@f()') == 'X = @f()'
   with pytest.raises(ValueError):
-    cli.binding_from_flag('--gin.GAMMA')
+    _binding('--gin.GAMMA')
+
+
+def test_cli_reports_a_bad_gin_flag(capsys):
+  assert cli.main(['--gin_file=smoke_synthetic', '--gin.GAMMA']) == 2
+  assert 'expected --gin.NAME=VALUE' in capsys.readouterr().err
+
+
+def test_cli_reports_a_missing_gin_file(capsys):
+  assert cli.main(['--gin_file=no_such_config']) == 2
+  assert 'gin file not found: no_such_config' in capsys.readouterr().err
+
+
+def test_cli_gin_search_paths(models, tmp_path):
+  del models  # Shares the compiled decode loops.
+  search = tmp_path / 'configs'
+  search.mkdir()
+  (search / 'my_run.gin').write_text(
+    'from __gin__ import dynamic_registration\n'
+    "include 'smoke_synthetic.gin'\n"
+    "include 'my_block.gin'\n"
+  )
+  (search / 'my_block.gin').write_text(
+    'from __gin__ import dynamic_registration\nNUM_EXAMPLES = 2\n'
+  )
+  out = str(tmp_path / 'out')
+  code = cli.main([
+    '--gin_file=my_run', f'--gin_search_paths={search}',
+    f'--output_dir={out}', '--no_progress',
+  ])  # fmt: skip
+  assert code == 0
+  with open(os.path.join(out, eval_lib.RESULTS_FILE)) as f:
+    assert json.load(f)['num_examples'] == 2
+
+
+# -- the settings ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  'field, value',
+  [
+    ('task', 'no_such_task'), ('split', ''), ('split', None),
+    ('num_examples', 0), ('batch_size', 0), ('batch_size', True),
+    ('batch_size', 2.0), ('batch_size', '2'), ('gamma', 0), ('gamma', []),
+    ('gamma', [2, -1]), ('gamma', 'fast'), ('temperature', -1.0),
+    ('temperature', '1'), ('temperature', float('nan')), ('top_k', -1),
+    ('top_p', 0.0), ('top_p', 1.5), ('max_decode_len', 0),
+    ('max_input_len', 0), ('seed', 1.5), ('lenience', 0.0),
+    ('lenience', 1.5), ('dynamic_gamma', 1.0), ('dynamic_gamma', -0.1),
+    ('dynamic_gamma', True), ('vocabulary', 3), ('data_dir', 3),
+    ('target_name', 3), ('draft_name', ''), ('timing_repeats', 0),
+    ('calibration_batches', 0), ('calibration_gamma', 0),
+    ('max_auto_gamma', 0),
+  ],
+)  # fmt: skip
+def test_a_bad_setting_is_a_value_error_naming_the_field(field, value):
+  with pytest.raises(ValueError, match=rf'^EvalSettings\.{field} must be'):
+    _settings(**{field: value})
+
+
+def test_settings_are_normalized():
+  s = eval_lib.EvalSettings(
+    task='synthetic_tiny', gamma='2, 4 2', temperature=1, top_p=1,
+    lenience=1, dynamic_gamma=None, num_examples=None,
+  )  # fmt: skip
+  assert s.gamma == (2, 4)
+  assert isinstance(s.temperature, float) and s.temperature == 1.0
+  assert isinstance(s.top_p, float) and isinstance(s.lenience, float)
+  assert s.dynamic_gamma == 0.0 and s.num_examples is None
+  assert s.exact_algorithm
+  assert s.sampling() == {'temperature': 1.0, 'top_k': 0, 'top_p': 1.0}
+  assert _settings(gamma='Auto').gamma == 'auto'
+  assert not _settings(lenience=0.5).exact_algorithm
+  assert dataclasses.replace(s, gamma=7).gamma == (7,)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    s.seed = 3  # pytype: disable=not-writable
+  assert settings_lib.EvalSettings is eval_lib.EvalSettings
+
+
+@pytest.mark.parametrize(
+  'flag, field',
+  [
+    ('--gin.BATCH_SIZE=0', 'batch_size'),
+    ('--gin.TEMPERATURE=-1.0', 'temperature'),
+    ('--gin.GAMMA=0', 'gamma'),
+    ('--gin.TASK=no_such_task', 'task'),
+  ],
+)
+def test_cli_checks_the_settings_before_loading_a_model(
+  flag, field, tmp_path, capsys
+):
+  # Loading either model would fail first ("checkpoint not found").
+  code = cli.main([
+    '--gin_file=demo_debian_ende', '--gin.TARGET_CHECKPOINT=/nonexistent/t',
+    '--gin.DRAFT_CHECKPOINT=/nonexistent/d', flag, f'--output_dir={tmp_path}',
+  ])  # fmt: skip
+  assert code == 1
+  err = capsys.readouterr().err
+  assert f'EvalSettings.{field} must be' in err
+  assert 'checkpoint not found' not in err
+  assert os.listdir(tmp_path) == []

@@ -1,5 +1,6 @@
 """Comparison runs (eval_compare) and eval with drafters, on tiny models."""
 
+import dataclasses
 import json
 import os
 
@@ -12,16 +13,16 @@ from spec_decode.eval import compare
 from spec_decode.eval import drafters
 from spec_decode.eval import run as eval_lib
 
-RUN = dict(
+SETTINGS = eval_lib.EvalSettings(
   task='synthetic_tiny',
   num_examples=4,
   batch_size=2,
   max_decode_len=12,
   max_input_len=32,
   timing_repeats=1,
-  progress=False,
   gamma=3,
 )
+RUN = dict(settings=SETTINGS, progress=False)
 
 
 @pytest.fixture(scope='module')
@@ -90,7 +91,86 @@ def test_compare_lenience_and_dynamic_gamma_rows(models, tmp_path):
 
 def test_compare_needs_drafts(tmp_path):
   with pytest.raises(ValueError, match='draft'):
-    compare.compare(drafts={}, output_dir=str(tmp_path))
+    compare.compare(drafts={}, settings=SETTINGS, output_dir=str(tmp_path))
+
+
+def test_compare_checks_every_combination_before_the_first_run(tmp_path):
+  calls = []
+  out = str(tmp_path / 'bad')
+  with pytest.raises(ValueError, match=r'EvalSettings\.temperature'):
+    compare.compare(
+      drafts={'a': None, 'b': None},
+      settings=SETTINGS,
+      output_dir=out,
+      run=lambda **kw: calls.append(kw),
+      temperatures=(0.0, -1.0),
+    )
+  with pytest.raises(ValueError, match=r'EvalSettings\.gamma'):
+    compare.compare(
+      drafts={'a': None, 'b': None},
+      settings=SETTINGS,
+      output_dir=out,
+      run=lambda **kw: calls.append(kw),
+      gammas={'b': 0},
+    )
+  assert calls == [] and not os.path.exists(out)
+
+
+def test_compare_passes_each_run_its_settings(tmp_path):
+  calls = []
+
+  def run(**kw):
+    calls.append(kw)
+    return {
+      'temperature': kw['settings'].temperature,
+      'lenience': kw['settings'].lenience,
+      'exact_algorithm': kw['settings'].exact_algorithm,
+      'sweep': [],
+      'quality': {'bleu': {'plain': 1.0, 'speculative': 1.0}},
+      **{k: 0.5 for k in (
+        'gamma', 'alpha', 'c', 'tokens_per_call', 'speedup_measured',
+        'speedup_predicted', 'exact_match_fraction',
+      )},
+    }  # fmt: skip
+
+  compare.compare(
+    drafts={'a': 'draft a', 'b': 'draft b'},
+    settings=SETTINGS,
+    output_dir=str(tmp_path),
+    run=run,
+    leniences=(1.0, 0.5),
+    gammas={'b': [2, 4]},
+    print_summary=False,
+    target='the target',
+  )
+  assert [(c['draft'], c['settings'].lenience) for c in calls] == [
+    ('draft a', 1.0), ('draft a', 0.5), ('draft b', 1.0), ('draft b', 0.5),
+  ]  # fmt: skip
+  assert [c['settings'].gamma for c in calls] == [(3,), (3,), (2, 4), (2, 4)]
+  assert [c['settings'].draft_name for c in calls] == ['a', 'a', 'b', 'b']
+  for c in calls:
+    assert c['target'] == 'the target' and c['print_summary'] is False
+    assert c['settings'] == dataclasses.replace(
+      SETTINGS,
+      lenience=c['settings'].lenience,
+      gamma=c['settings'].gamma,
+      draft_name=c['settings'].draft_name,
+    )
+  assert calls[1]['output_dir'] == os.path.join(str(tmp_path), 'a-t0-l0.5-dyn0')
+
+
+def test_cli_checks_the_comparison_settings_before_loading_drafts(
+  tmp_path, capsys
+):
+  code = cli.main([
+    '--gin_file=smoke_compare', '--gin.DRAFT_CHECKPOINT=/nonexistent/d',
+    '--gin.TARGET_CHECKPOINT=/nonexistent/t', '--gin.BATCH_SIZE=0',
+    f'--output_dir={tmp_path}',
+  ])  # fmt: skip
+  assert code == 1
+  err = capsys.readouterr().err
+  assert 'EvalSettings.batch_size must be' in err
+  assert 'checkpoint not found' not in err
 
 
 def test_cli_runs_the_smoke_comparison(models, tmp_path, capsys):

@@ -12,16 +12,19 @@ import re
 import pytest
 
 import gin
+from spec_decode import gin_cli
+from spec_decode import paths
 from spec_decode.checkpoints import gin_model
 from spec_decode.eval import cli
-from spec_decode.eval import run as eval_lib
+from spec_decode.eval import compare
+from spec_decode.eval import run as run_lib
 
-REPO = eval_lib.REPO_DIR
+REPO = paths.REPO_DIR
 GIN_FILES = sorted(
   glob.glob(os.path.join(REPO, 'gin', '**', '*.gin'), recursive=True)
   + glob.glob(os.path.join(REPO, 'configs', '**', '*.gin'), recursive=True)
 )
-_REQUIRED = re.compile(r'(\w+)/macro\.value set to `%gin\.REQUIRED`')
+_REQUIRED = re.compile(r'^(\w+) is required; set it with --gin\.')
 # What a researcher supplies to a paper config: where the T5X checkpoints
 # and T5's vocabulary lie on their machine.
 TABLE2_INPUTS = {'TARGET_CHECKPOINT', 'DRAFT_CHECKPOINT', 'VOCABULARY'}
@@ -37,21 +40,20 @@ TABLE2_GAMMA = {
 @pytest.fixture(autouse=True)
 def clean_gin():
   gin.clear_config()
-  cli.add_search_paths()
   yield
   gin.clear_config()
 
 
 def _parse(path: str) -> set[str]:
-  """Parses and finalizes `path`; returns the REQUIRED macros left unset."""
+  """Parses and finalizes `path` as `spec-decode eval` does (`gin_cli`);
+  returns the REQUIRED macros left unset."""
   required: set[str] = set()
   for _ in range(50):
-    gin.clear_config()
     bindings = [f"{name} = 'dummy'" for name in sorted(required)]
     try:
-      gin.parse_config_files_and_bindings([path], bindings)
+      gin_cli.parse([path], bindings)
       return required
-    except ValueError as e:
+    except gin_cli.GinFlagError as e:
       m = _REQUIRED.search(str(e))
       if not m:
         raise
@@ -119,3 +121,52 @@ def test_demo_default_points_at_the_demo_pair():
   ) == cli.DEMO_CHECKPOINTS
   assert gin.query_parameter('%TASK') == 'debian_ende'
   assert gin.query_parameter('%TEMPERATURE') == 0.0
+
+
+EVAL_CONFIGS = [
+  p
+  for p in GIN_FILES
+  if _relative(p).startswith('configs/')
+  and not os.path.basename(p).startswith('train_')
+]
+# Macro -> the EvalSettings field runs/eval.gin binds to it.
+SETTINGS_MACROS = {
+  'TASK': 'task', 'SPLIT': 'split', 'NUM_EXAMPLES': 'num_examples',
+  'BATCH_SIZE': 'batch_size', 'TEMPERATURE': 'temperature', 'TOP_K': 'top_k',
+  'TOP_P': 'top_p', 'MAX_DECODE_LEN': 'max_decode_len',
+  'MAX_INPUT_LEN': 'max_input_len', 'SEED': 'seed', 'LENIENCE': 'lenience',
+  'DYNAMIC_GAMMA': 'dynamic_gamma', 'DATA_DIR': 'data_dir',
+  'TARGET_NAME': 'target_name', 'DRAFT_NAME': 'draft_name',
+  'TIMING_REPEATS': 'timing_repeats',
+  'CALIBRATION_BATCHES': 'calibration_batches',
+  'CALIBRATION_GAMMA': 'calibration_gamma',
+  'MAX_AUTO_GAMMA': 'max_auto_gamma',
+}  # fmt: skip
+
+
+@pytest.mark.parametrize('path', EVAL_CONFIGS, ids=_relative)
+def test_eval_configs_build_valid_settings_from_their_macros(path):
+  _parse(path)
+  assert gin.query_parameter('spec_eval.evaluate.settings').selector == (
+    'spec_eval.EvalSettings'
+  )
+  settings = gin_cli.configured(run_lib.EvalSettings)()
+  assert isinstance(settings, run_lib.EvalSettings)
+  for macro, field in SETTINGS_MACROS.items():
+    value = gin.query_parameter(f'%{macro}')
+    assert getattr(settings, field) == value, macro
+  gamma = run_lib.parse_gamma(gin.query_parameter('%GAMMA'))
+  assert settings.gamma == (gamma if gamma == 'auto' else tuple(gamma))
+  # Built before the models load: gin evaluates bindings in order.
+  assert _first_binding(run_lib.evaluate) == 'settings'
+  with open(path, encoding='utf-8') as f:
+    is_comparison = "include 'runs/compare.gin'" in f.read()
+  if is_comparison:
+    # Not gin_cli.binds: it would build the drafts (no data here).
+    reference = gin.query_parameter('spec_eval_compare.compare.settings')
+    assert reference.selector == 'spec_eval.EvalSettings'
+    assert _first_binding(compare.compare) == 'settings'
+
+
+def _first_binding(fn) -> str:
+  return next(iter(gin.get_bindings(fn, resolve_references=False)))

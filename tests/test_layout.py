@@ -288,7 +288,9 @@ def summary() -> dict[str, int]:
   edges = graph()
   return {
     'modules': len(MODULES),
-    'top_level_modules': sum(1 for m in MODULES if m.count('.') == 1),
+    'top_level_files': sum(
+      1 for m, p in MODULES.items() if m.count('.') == 1 and '__init__' not in p
+    ),
     'arrows': sum(len(v) for v in edges.values()),
     'floors': floors(edges),
     'cycles': len(cycles(edges)),

@@ -1,8 +1,8 @@
 """Several eval runs side by side: drafters, temperatures, lenience, dynamic γ.
 
-`compare` runs an eval (`eval.evaluate`, or the gin-configured one, so every
-other setting comes from the usual eval bindings) once per (drafter,
-temperature, lenience, dynamic-γ threshold) combination, each in its own
+`compare` runs an eval (`run.evaluate`, or the gin-configured one) with the
+given `EvalSettings`, once per (drafter, temperature, lenience, dynamic-γ
+threshold) combination (the settings with those replaced), each in its own
 subdirectory of `output_dir` (so each is resumable and has its full
 report), and writes
 
@@ -18,6 +18,7 @@ report), and writes
 dynamic_gamma_debian_ende.gin). Library code: no gin decorators.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -25,7 +26,8 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-from spec_decode.eval import run as eval_lib
+from spec_decode.eval import run as run_lib
+from spec_decode.eval import settings as settings_lib
 
 COMPARISON_JSON = 'comparison.json'
 COMPARISON_MD = 'comparison.md'
@@ -98,8 +100,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 def compare(
   *,
   drafts: dict[str, Any],
+  settings: settings_lib.EvalSettings,
   output_dir: str,
-  run: Callable[..., dict[str, Any]] = eval_lib.evaluate,
+  run: Callable[..., dict[str, Any]] = run_lib.evaluate,
   temperatures: Sequence[float] = (0.0,),
   leniences: Sequence[float] = (1.0,),
   dynamic_gammas: Sequence[float] = (0.0,),
@@ -110,46 +113,61 @@ def compare(
 ) -> list[dict[str, Any]]:
   """Runs every combination; returns the comparison rows.
 
+  Every combination's settings are built (and so checked) before the first
+  run starts.
+
   Args:
     drafts: drafter name -> draft (model or drafter), in table order.
+    settings: the runs' common settings; each run replaces `temperature`,
+      `lenience`, `dynamic_gamma`, `draft_name` (and `gamma` for drafters
+      in `gammas`).
     output_dir: runs go to `output_dir/<drafter>_t<t>_l<l>_dyn<tau>/`.
-    run: the eval function (`eval.evaluate` or its gin-configured form);
-      called with `draft`, `output_dir`, `temperature`, `lenience`,
-      `dynamic_gamma`, `draft_name` (and `gamma` for drafters in `gammas`).
+    run: the eval function (`run.evaluate` or its gin-configured form);
+      called with `draft`, `settings`, `output_dir` and `print_summary`.
     temperatures: sampling temperatures (0 is greedy).
     leniences: l values (1 is exact).
     dynamic_gammas: 0 (fixed γ) or draft-confidence thresholds.
     gammas: per-drafter γ (an int, a sweep list or 'auto'; a sweep gives
-      a row per γ); others use the run's γ.
+      a row per γ); others use `settings.gamma`.
     title: heading of comparison.md.
     print_summary: print the table at the end.
-    **run_kwargs: passed to `run` (e.g. `target`, `task` for the library
+    **run_kwargs: passed to `run` (e.g. `target` for the library
       `evaluate`; `progress`, `overwrite`).
+
+  Raises:
+    ValueError: no drafts, or a value that makes bad settings (the message
+      names the `EvalSettings` field).
   """
   if not drafts:
     raise ValueError('compare needs at least one draft')
-  os.makedirs(output_dir, exist_ok=True)
-  rows = []
+  runs = []
   for name, draft in drafts.items():
+    gamma = (gammas or {}).get(name, settings.gamma)
     for t in temperatures:
       for lenience in leniences:
         for tau in dynamic_gammas:
           sub = _slug(name, f't{t:g}', f'l{lenience:g}', f'dyn{tau:g}')
-          extra = dict(run_kwargs)
-          if name in (gammas or {}):
-            extra['gamma'] = gammas[name]
-          result = run(
-            draft=draft,
-            output_dir=os.path.join(output_dir, sub),
-            temperature=float(t),
-            lenience=float(lenience),
-            dynamic_gamma=float(tau),
+          run_settings = dataclasses.replace(
+            settings,
+            temperature=t,
+            lenience=lenience,
+            dynamic_gamma=tau,
             draft_name=name,
-            print_summary=False,
-            **extra,
+            gamma=gamma,
           )
-          rows.extend(dict(r, run_dir=sub) for r in _rows(name, result))
-          _write(output_dir, title, rows)
+          runs.append((name, draft, sub, run_settings))
+  os.makedirs(output_dir, exist_ok=True)
+  rows = []
+  for name, draft, sub, run_settings in runs:
+    result = run(
+      draft=draft,
+      settings=run_settings,
+      output_dir=os.path.join(output_dir, sub),
+      print_summary=False,
+      **run_kwargs,
+    )
+    rows.extend(dict(r, run_dir=sub) for r in _rows(name, result))
+    _write(output_dir, title, rows)
   if print_summary:
     print(f'\n## {title}\n\n{table(rows)}\n')
   return rows

@@ -16,6 +16,7 @@ from tqdm import auto as tqdm
 
 from spec_decode import checkpoints
 from spec_decode import drafters
+from spec_decode import paths
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import EOS_ID
@@ -28,13 +29,11 @@ def resolve_vocabulary(vocabulary: Any) -> vocab_lib.Vocabulary:
   more rows than its vocabulary (T5's 32128 for 32100 ids) needs
   `vocab_size=` passed to the drafter function as well.
   """
-  from spec_decode.eval import run as eval_lib  # pylint: disable=g-import-not-at-top
-
   if isinstance(vocabulary, vocab_lib.Vocabulary):
     return vocabulary
   if vocabulary is None:
     raise ValueError('a drafter needs the target vocabulary (vocabulary=)')
-  path = eval_lib.resolve_path(str(vocabulary))
+  path = paths.resolve(str(vocabulary))
   if os.path.isdir(path):
     vocab = checkpoints.read_vocabulary(path)
     if vocab is None:
@@ -100,9 +99,7 @@ def copy_draft(
 
 def heads_draft(path: str):
   """Medusa heads saved by `spec-decode train` (train_heads)."""
-  from spec_decode.eval import run as eval_lib  # pylint: disable=g-import-not-at-top
-
-  return drafters.Heads.load(eval_lib.resolve_path(path))
+  return drafters.Heads.load(paths.resolve(path))
 
 
 def hierarchical_draft(draft_model: Any, sub_draft: Any, gamma: int = 2):

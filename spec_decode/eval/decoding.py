@@ -1,0 +1,196 @@
+"""Batches of an eval run decoded and timed, and the step costs c and v.
+
+`Decoder` runs `sd.generate` plainly or speculatively on a batch, compiling
+each new input shape once untimed first, so that walltimes exclude compile
+time; `batch_arrays` pads a batch of tokenized inputs to a bucketed width;
+`row_spec_record` reads one row's acceptance counts from `SpecStats`;
+`measure_costs` times draft and target steps (`costs.measure`).
+"""
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import spec_decode as sd
+from spec_decode.core import costs as costs_lib
+from spec_decode.core import verify
+from spec_decode.eval import settings as settings_lib
+
+_MIN_BUCKET = 8
+
+
+def tokenize(
+  vocab: Any, examples: Sequence[dict[str, str]], max_input_len: int
+) -> list[list[int]]:
+  """The examples' inputs as ids, cut to `max_input_len` with EOS."""
+  return [
+    vocab.encode(ex['inputs'])[: max_input_len - 1] + [sd.EOS_ID]
+    for ex in examples
+  ]
+
+
+def batches(start: int, stop: int, batch_size: int) -> list[list[int]]:
+  """Example indices `start..stop-1` in batches of `batch_size`."""
+  return [
+    list(range(s, min(s + batch_size, stop)))
+    for s in range(start, stop, batch_size)
+  ]
+
+
+def _bucket(n: int, max_len: int) -> int:
+  b = _MIN_BUCKET
+  while b < n:
+    b *= 2
+  return min(b, max_len)
+
+
+def batch_arrays(
+  token_lists: Sequence[list[int]],
+  indices: Sequence[int],
+  settings: settings_lib.EvalSettings,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Encoder tokens `[batch_size, S]` and the rows' seeds (`seed + index`).
+
+  A short batch repeats its last row (its results are dropped); S is the
+  longest row rounded up to a power of two (at least 8, at most
+  `max_input_len`), so that few shapes compile.
+  """
+  rows = [token_lists[i] for i in indices]
+  seeds = [settings.seed + i for i in indices]
+  while len(rows) < settings.batch_size:
+    rows.append(rows[-1])
+    seeds.append(seeds[-1])
+  width = _bucket(max(len(r) for r in rows), settings.max_input_len)
+  enc = np.zeros((settings.batch_size, width), np.int32)
+  for b, r in enumerate(rows):
+    enc[b, : len(r)] = r
+  return enc, np.asarray(seeds, np.int64)
+
+
+def measure_costs(
+  target: Any,
+  draft: Any,
+  ks: Sequence[int],
+  batch: int,
+  repeats: int,
+  sampling: dict[str, Any] | None = None,
+  gamma: int = 4,
+) -> dict[str, Any]:
+  """c and v(k) (`costs.measure`); a drafter is timed proposing `gamma`.
+
+  Returns:
+    `{'c', 'v_of_k': {k: v(k)}, 'target_step_seconds',
+    'draft_step_seconds'}`, v(1) = 1.
+  """
+  settings = sd.DecodeSettings(
+    max_decode_len=1, sampler=sd.Sampler(**(sampling or {})), gamma=gamma
+  )
+  return costs_lib.measure(target, draft, ks, batch, repeats, settings)
+
+
+class Decoder:
+  """Runs and times `sd.generate`, compiling each new shape untimed first.
+
+  Attributes:
+    target: the target model.
+    draft: the draft (model or drafter).
+    settings: the run's settings (sampling, lengths, lenience, dynamic γ).
+  """
+
+  def __init__(
+    self, target: Any, draft: Any, settings: settings_lib.EvalSettings
+  ):
+    self.target = target
+    self.draft = draft
+    self.settings = settings
+    self._verifier = verify.ExactVerifier(lenience=settings.lenience)
+    self._seen = set()
+
+  def __call__(
+    self,
+    enc: np.ndarray,
+    seeds: np.ndarray,
+    gamma: int | None = None,
+    timed: bool = True,
+  ) -> tuple[Any, float]:
+    """Decodes a batch plainly (`gamma` None) or speculatively.
+
+    Returns:
+      The `sd.generate` output and the seconds it took.
+    """
+    s = self.settings
+    kw = dict(s.sampling(), max_decode_len=s.max_decode_len, seed=seeds)
+    if gamma is not None:
+      kw.update(
+        draft=self.draft,
+        gamma=gamma,
+        verifier=self._verifier,
+        dynamic_gamma=s.dynamic_gamma or False,
+      )
+    key = (enc.shape, gamma)
+    if timed and key not in self._seen:
+      sd.generate(self.target, enc, **kw)  # Warm-up: compile.
+    self._seen.add(key)
+    t0 = time.perf_counter()
+    out = sd.generate(self.target, enc, **kw)
+    return out, time.perf_counter() - t0
+
+  def costs(self, ks: Sequence[int], gamma: int) -> dict[str, Any]:
+    """`measure_costs` of the pair at the run's batch size and sampling."""
+    s = self.settings
+    return measure_costs(
+      self.target,
+      self.draft,
+      ks,
+      s.batch_size,
+      s.timing_repeats,
+      s.sampling(),
+      gamma,
+    )
+
+
+def row_spec_record(
+  stats: sd.SpecStats, r: int, tokens: list[int], gamma: int
+) -> dict[str, Any]:
+  """Per-example acceptance counts of row `r` of a speculative batch.
+
+  `position_tries[i]` / `position_accepts[i]`: iterations that tested /
+  accepted draft token i. `SpecStats` exposes per-row histograms and alpha
+  but not per-row position counts; until it does (`row_position_tries`,
+  `row_position_accepts`, `row_beta_sum`, used when present) they are
+  derived from the histogram, counting the last iteration's tokens dropped
+  after EOS or at max_decode_len as tested (at most one per example).
+  """
+  hist = np.asarray(stats.row_accepted_histogram[r], np.int64)
+  iterations = int(stats.row_iterations[r])
+  tries = getattr(stats, 'row_position_tries', None)
+  accepts = getattr(stats, 'row_position_accepts', None)
+  if tries is not None and accepts is not None:
+    tries = np.asarray(tries[r], np.int64)
+    accepts = np.asarray(accepts[r], np.int64)
+    tested = int(tries.sum())
+  else:
+    n = np.arange(gamma + 1)
+    tries = np.array([hist[i:].sum() for i in range(gamma)], np.int64)
+    accepts = np.array([hist[i + 1 :].sum() for i in range(gamma)], np.int64)
+    dropped = int((hist * (n + 1)).sum()) - len(tokens)
+    tested = max(int((hist * np.minimum(n + 1, gamma)).sum()) - dropped, 0)
+  beta_sums = getattr(stats, 'row_beta_sum', None)
+  alpha = float(stats.row_alpha[r])
+  beta_sum = float(beta_sums[r]) if beta_sums is not None else alpha * tested
+  return {
+    'iterations': iterations,
+    'accepted_histogram': hist.tolist(),
+    'position_tries': tries.tolist(),
+    'position_accepts': accepts.tolist(),
+    'tested': tested,
+    'beta_sum': beta_sum,
+    'alpha': alpha,
+    'proposed': (
+      int(stats.row_proposed[r])
+      if getattr(stats, 'row_proposed', None) is not None
+      else gamma * iterations
+    ),
+  }

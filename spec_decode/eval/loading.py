@@ -1,0 +1,161 @@
+"""Models and vocabularies for eval runs, and how a run names them.
+
+`load_model` reads a checkpoint (ours, Hugging Face or T5X) or builds a
+randomly initialized network from a gin model file; `task_vocabulary` trains
+a small sentencepiece model on a task split (smoke runs). `describe` labels
+a model in the report and `fingerprint` identifies it in run_state.json, so
+that a rerun with another model is refused instead of resumed.
+"""
+
+import functools
+import hashlib
+import io
+import os
+from typing import Any
+
+import numpy as np
+
+import spec_decode as sd
+from spec_decode import paths
+from spec_decode.checkpoints import gin_model
+from spec_decode.data import tasks as tasks_lib
+from spec_decode.t5 import vocab as vocab_lib
+
+
+def load_model(
+  checkpoint: str | None = None,
+  model_gin: str | None = None,
+  seed: int = 0,
+  vocabulary: Any = None,
+  vocab_size: int | None = None,
+  dtype: Any = None,
+) -> sd.Model:
+  """A model from a checkpoint, or with random weights from a gin file.
+
+  Args:
+    checkpoint: our orbax directory, a Hugging Face T5 directory or a T5X
+      checkpoint; a relative path is also looked up in the repository.
+    model_gin: a gin model file (`models/t5_1_1/xxl.gin`): the
+      hyperparameters of a T5X checkpoint, or, without a checkpoint, the
+      network to initialize randomly (smoke tests).
+    seed: seed of the random initialization.
+    vocabulary: a `Vocabulary` or a sentencepiece `.model` path; overrides
+      the checkpoint's (T5X checkpoints store none).
+    vocab_size: embedding rows of a random model (default: the vocabulary's
+      size).
+    dtype: parameter storage dtype of a loaded checkpoint.
+
+  Returns:
+    The `Model`.
+
+  Raises:
+    FileNotFoundError: the checkpoint does not exist.
+    ValueError: neither a checkpoint nor a gin file, or no vocabulary size.
+  """
+  vocab = as_vocabulary(vocabulary)
+  if checkpoint:
+    path = paths.resolve(checkpoint)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
+    return sd.Model.load(
+      path, gin_file=model_gin, vocabulary=vocab, dtype=dtype
+    )
+  if not model_gin:
+    raise ValueError('load_model needs a checkpoint or a model_gin file')
+  if vocab_size is None:
+    if vocab is None:
+      raise ValueError(
+        f'{model_gin}: a random model needs a vocabulary or a vocab_size'
+      )
+    vocab_size = vocab.vocab_size
+  config = gin_model.config_from_gin(model_gin, vocab_size=int(vocab_size))
+  return sd.Model.init(config, seed=seed, vocabulary=vocab)
+
+
+def as_vocabulary(vocabulary: Any) -> vocab_lib.Vocabulary | None:
+  """A `Vocabulary` as is; a `.model` path (also under the repo) loaded."""
+  if vocabulary is None or isinstance(vocabulary, vocab_lib.Vocabulary):
+    return vocabulary
+  return vocab_lib.Vocabulary.from_file(paths.resolve(vocabulary))
+
+
+def task_vocabulary(
+  task: str = 'synthetic_tiny',
+  split: str = 'train',
+  vocab_size: int = 64,
+  extra_ids: int = 0,
+) -> vocab_lib.Vocabulary:
+  """A small sentencepiece vocabulary trained on a task split (smoke runs).
+
+  Training is deterministic and cached per argument tuple, so target and
+  draft built from the same arguments share one vocabulary.
+  """
+  return _train_vocabulary(task, split, int(vocab_size), int(extra_ids))
+
+
+@functools.lru_cache(maxsize=8)
+def _train_vocabulary(task, split, vocab_size, extra_ids):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  texts = []
+  for ex in tasks_lib.examples(task, split):
+    texts += [ex['inputs'], ex['targets']]
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(texts),
+    model_writer=model,
+    vocab_size=vocab_size,
+    model_type='unigram',
+    character_coverage=1.0,
+    pad_id=0,
+    eos_id=1,
+    unk_id=2,
+    bos_id=-1,
+    hard_vocab_limit=False,
+    num_threads=1,
+    minloglevel=2,
+  )
+  return vocab_lib.Vocabulary(
+    model.getvalue(), extra_ids=extra_ids, name=f'{task}/{split}'
+  )
+
+
+def describe(model: Any, name: str | None = None) -> str:
+  """A short label: `name`, else the size of a T5 `Model`."""
+  if name:
+    return name
+  cfg = getattr(model, 'config', None)
+  params = getattr(model, 'params', None)
+  if cfg is None or params is None:
+    return type(model).__name__
+  import jax  # pylint: disable=g-import-not-at-top
+
+  n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  return (
+    f'T5 {n / 1e6:.1f}M (d{cfg.emb_dim}, '
+    f'{cfg.num_encoder_layers}+{cfg.num_decoder_layers}L)'
+  )
+
+
+def fingerprint(model: Any) -> dict[str, Any]:
+  """Identifies a model or drafter: a T5 config, else a digest of leaves."""
+  cfg = getattr(model, 'config', None)
+  vocab = getattr(model, 'vocabulary', None)
+  out = {
+    'type': type(model).__name__,
+    'config': cfg.to_dict() if hasattr(cfg, 'to_dict') else None,
+    'vocabulary': getattr(vocab, 'digest', None),
+  }
+  if out['config'] is None:
+    import jax  # pylint: disable=g-import-not-at-top
+
+    leaves, tree = jax.tree.flatten(model)
+    digest = hashlib.sha1(str(tree).encode())
+    for leaf in leaves:
+      if hasattr(leaf, 'dtype') and jax.dtypes.issubdtype(
+        leaf.dtype, jax.dtypes.prng_key
+      ):
+        leaf = jax.random.key_data(leaf)
+      digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    out['digest'] = digest.hexdigest()
+  return out
