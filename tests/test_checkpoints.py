@@ -137,9 +137,7 @@ def test_t5x_loads_and_decodes_like_source(model, tmp_path):
   assert loaded.vocabulary == model.vocabulary
   np.testing.assert_array_equal(_greedy(loaded, ENC), _greedy(model, ENC))
   # A T5X model directory: the latest checkpoint_<step> is loaded.
-  t5x.save(
-    sd.Model.init(model.config, seed=9), str(tmp_path / 'checkpoint_3')
-  )
+  t5x.save(sd.Model.init(model.config, seed=9), str(tmp_path / 'checkpoint_3'))
   latest = sd.Model.load(str(tmp_path), config=model.config)
   _assert_same_params(latest.params, model.params)
 

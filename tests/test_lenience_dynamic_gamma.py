@@ -138,9 +138,7 @@ def test_lenient_argmax_keeps_tokens_close_to_the_max(target):
   assert lenient.stats.alpha > exact.stats.alpha
   assert not np.array_equal(lenient.tokens, plain.tokens)
   tokens = lenient.tokens
-  logits = np.asarray(
-    target.logits(enc, shift_right(tokens)), np.float64
-  )
+  logits = np.asarray(target.logits(enc, shift_right(tokens)), np.float64)
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   ratio = np.take_along_axis(probs, tokens[..., None], -1)[..., 0]
   live = np.arange(tokens.shape[1])[None] < lenient.lengths[:, None]

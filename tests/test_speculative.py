@@ -133,9 +133,7 @@ def test_greedy_path_equals_general_path_on_one_hots():
   general = _verify(
     _one_hot(target), _one_hot(draft), draft, rng.random((b, g))
   )
-  fast = verify.ExactVerifier().greedy(
-    jnp.asarray(target), jnp.asarray(draft)
-  )
+  fast = verify.ExactVerifier().greedy(jnp.asarray(target), jnp.asarray(draft))
   np.testing.assert_array_equal(fast.accepted, general.accepted)
   np.testing.assert_array_equal(fast.next_token, general.next_token)
   np.testing.assert_allclose(fast.beta, general.beta)

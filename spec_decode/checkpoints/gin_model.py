@@ -61,7 +61,6 @@ class _Reference:
 
 
 class _Delegate(config_parser.ParserDelegate):
-
   def configurable_reference(self, scoped_configurable_name, evaluate):
     return _Reference(scoped_configurable_name, evaluate)
 

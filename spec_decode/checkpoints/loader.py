@@ -42,7 +42,6 @@ HUGGING_FACE = 'huggingface'
 T5X = 't5x'
 
 
-
 def detect_format(path: str) -> tuple[str, str]:
   """Returns `(format, directory)` for a checkpoint path.
 
