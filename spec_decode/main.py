@@ -7,6 +7,8 @@ spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
 spec-decode theory   the paper's section 3 tables and figures
 spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
 spec-decode data     build the offline Debian data; train the demo vocabulary
+spec-decode verify   is a target/draft pair exact? greedy identity and a
+                     whole-sequence distribution test
 spec-decode build-kernel  compile the small-M CPU kernel (make install does)
 
 `spec-decode <command> --help` describes each. This is the only entry point:
@@ -26,6 +28,7 @@ _COMMANDS = {
   'theory': 'spec_decode.theory.cli',
   'convert': 'spec_decode.checkpoints.convert',
   'data': 'spec_decode.data.cli',
+  'verify': 'spec_decode.eval.verify_cli',
   'build-kernel': 'spec_decode.kernels.build',
 }
 _DEFAULT = 'demo'

@@ -20,8 +20,8 @@ import pytest
 import gin
 import spec_decode as sd
 from spec_decode import checkpoints
+from spec_decode import paths
 from spec_decode.checkpoints import convert
-from spec_decode.checkpoints import gin_model
 from spec_decode.checkpoints import huggingface
 from spec_decode.checkpoints import t5x
 from spec_decode.checkpoints.assemble import CheckpointError
@@ -143,7 +143,7 @@ def test_t5x_loads_and_decodes_like_source(model, tmp_path):
 
 
 def test_t5x_with_gin_file_and_bfloat16(tmp_path):
-  cfg = gin_model.config_from_gin('models/t5_1_1/tiny.gin', vocab_size=64)
+  cfg = sd.T5Config.from_gin('models/t5_1_1/tiny.gin', vocab_size=64)
   gin_file = tmp_path / 'tiny64.gin'
   gin_file.write_text(
     'from __gin__ import dynamic_registration\n'
@@ -355,10 +355,13 @@ def test_draft_and_target_vocabularies_must_match(model, tmp_path):
     ('t5_1_0/large', 1024, 16, 64, 4096, 24, ('relu',)),
     ('t5_1_0/3B', 1024, 32, 128, 16384, 24, ('relu',)),
     ('t5_1_0/11B', 1024, 128, 128, 65536, 24, ('relu',)),
+    ('t5_1_1/tiny', 8, 4, 3, 16, 2, ('gelu', 'linear')),
+    # T5X's t5_1_0/tiny.gin includes t5_1_1/base.gin: a v1.1 network.
+    ('t5_1_0/tiny', 8, 4, 3, 16, 2, ('gelu', 'linear')),
   ],
 )
 def test_gin_model_files(name, emb, heads, head_dim, mlp, layers, acts):
-  cfg = gin_model.config_from_gin(f'models/{name}.gin')
+  cfg = sd.T5Config.from_gin(f'models/{name}.gin')
   assert (cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim) == (
     emb, heads, head_dim, mlp,
   )  # fmt: skip
@@ -372,13 +375,11 @@ def test_gin_model_files(name, emb, heads, head_dim, mlp, layers, acts):
 def test_gin_files_are_small_diffs():
   """Every size file includes a family's base.gin and stays a short diff."""
   bases = set()
-  for path in sorted(os.listdir(os.path.join(gin_model.GIN_DIR, 'models'))):
-    if os.path.isfile(
-      os.path.join(gin_model.GIN_DIR, 'models', path, 'base.gin')
-    ):
+  for path in sorted(os.listdir(os.path.join(paths.GIN_DIR, 'models'))):
+    if os.path.isfile(os.path.join(paths.GIN_DIR, 'models', path, 'base.gin')):
       bases.add(f"include 'models/{path}/base.gin'")
-  for path in sorted(os.listdir(os.path.join(gin_model.GIN_DIR, 'models'))):
-    family = os.path.join(gin_model.GIN_DIR, 'models', path)
+  for path in sorted(os.listdir(os.path.join(paths.GIN_DIR, 'models'))):
+    family = os.path.join(paths.GIN_DIR, 'models', path)
     for name in os.listdir(family):
       text = open(os.path.join(family, name)).read()
       code = [ln for ln in text.splitlines() if ln and not ln.startswith('#')]
@@ -395,7 +396,7 @@ def test_gin_overrides_and_isolation():
     'from spec_decode.t5 import config\n'
     'config.T5Config.emb_dim = 3\n'
   )
-  cfg = gin_model.config_from_gin(
+  cfg = sd.T5Config.from_gin(
     't5_1_1_tiny', bindings=("ACTIVATION_DTYPE = 'bfloat16'",), vocab_size=96
   )
   assert cfg.vocab_size == 96 and cfg.dtype == jnp.bfloat16
@@ -421,22 +422,32 @@ def test_gin_model_file_reader_needs_no_imports(tmp_path):
   (tmp_path / 'small.gin').write_text(
     f"include '{tmp_path / 'base.gin'}'\nnetwork.T5Config.num_heads = 2\n"
   )
-  cfg = gin_model.config_from_gin(str(tmp_path / 'small.gin'))
+  cfg = sd.T5Config.from_gin(str(tmp_path / 'small.gin'))
   assert (cfg.emb_dim, cfg.num_heads, cfg.dropout_rate) == (64, 2, 0.1)
   (tmp_path / 'bad.gin').write_text('network.T5Config.no_such_field = 1\n')
   with pytest.raises(ValueError, match='no_such_field'):
-    gin_model.config_from_gin(str(tmp_path / 'bad.gin'), vocab_size=8)
+    sd.T5Config.from_gin(str(tmp_path / 'bad.gin'), vocab_size=8)
   (tmp_path / 'unset.gin').write_text('network.T5Config.emb_dim = %UNSET\n')
   with pytest.raises(ValueError, match='UNSET'):
-    gin_model.config_from_gin(str(tmp_path / 'unset.gin'), vocab_size=8)
+    sd.T5Config.from_gin(str(tmp_path / 'unset.gin'), vocab_size=8)
 
 
 def test_model_from_gin():
-  m = sd.Model.from_gin('models/t5_1_0/tiny.gin', vocab_size=64)
+  tiny = dict(emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16)
+  m = sd.Model.from_gin(
+    'models/t5_1_0/base.gin',
+    vocab_size=64,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    **tiny,
+  )
   assert m.config.vocab_size == 64 and m.config.logits_via_embedding
   assert m.params['token_embedder']['embedding'].shape == (64, 8)
+  assert 'logits_dense' not in m.params['decoder']
+  m = sd.Model.from_gin('t5_tiny', vocab_size=64)
+  assert not m.config.logits_via_embedding  # As T5X's t5_1_0/tiny.gin.
   with pytest.raises(FileNotFoundError, match='t5_9_9'):
-    gin_model.config_from_gin('models/t5_9_9/base.gin')
+    sd.T5Config.from_gin('models/t5_9_9/base.gin')
 
 
 def test_convert_hf_and_t5x(model, tmp_path, capsys):

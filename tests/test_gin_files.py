@@ -14,10 +14,10 @@ import pytest
 import gin
 from spec_decode import gin_cli
 from spec_decode import paths
-from spec_decode.checkpoints import gin_model
 from spec_decode.eval import cli
 from spec_decode.eval import compare
 from spec_decode.eval import run as run_lib
+from spec_decode.t5 import gin_file
 
 REPO = paths.REPO_DIR
 GIN_FILES = sorted(
@@ -110,7 +110,7 @@ def test_table2_configs_match_the_paper(key):
     f'models/t5_1_1/{draft}.gin'
   )
   for macro in ('%TARGET_MODEL_GIN', '%DRAFT_MODEL_GIN'):
-    assert os.path.isfile(gin_model.resolve(gin.query_parameter(macro)))
+    assert os.path.isfile(gin_file.resolve(gin.query_parameter(macro)))
 
 
 def test_demo_default_points_at_the_demo_pair():

@@ -4,8 +4,8 @@ Layers, bottom to top (README "Architecture"): paths and theory; core (the
 engine: no T5, no files, no gin); kernels; t5; checkpoints; models and
 parallel; drafters; the public API (`spec_decode/__init__.py`); data; train
 and eval; bench; command lines (`main.py`, `gin_cli.py`, `demo.py`, every
-`cli.py`). A module imports only from its own layer or below, the import
-graph has no cycles, and gin stays at the command lines.
+`cli.py` and `*_cli.py`). A module imports only from its own layer or
+below, the import graph has no cycles, and gin stays at the command lines.
 
 `python tests/test_layout.py` prints the numbers (modules, arrows, floors).
 """
@@ -42,7 +42,7 @@ CLI_RANK = 11
 CLI_MODULES = {'spec_decode.main', 'spec_decode.gin_cli', 'spec_decode.demo'}
 # The one library module that reads gin *syntax* (a file format) with gin's
 # parser module; it never touches gin's global configuration.
-GIN_SYNTAX_READERS = {'spec_decode.checkpoints.gin_model'}
+GIN_SYNTAX_READERS = {'spec_decode.t5.gin_file'}
 
 
 def _modules() -> dict[str, str]:
@@ -65,7 +65,7 @@ MODULES = _modules()
 
 
 def is_cli(module: str) -> bool:
-  return module in CLI_MODULES or module.endswith('.cli')
+  return module in CLI_MODULES or module.endswith(('.cli', '_cli'))
 
 
 def rank(module: str) -> int:

@@ -11,7 +11,6 @@ from conftest import tiny_config
 
 import gin
 from spec_decode import gin_cli
-from spec_decode.checkpoints import gin_model
 from spec_decode.data import debian
 from spec_decode.data import spm_trainer
 from spec_decode.data import tasks
@@ -383,7 +382,7 @@ def test_train_configs_parse(clean_gin, name, model_file):
   assert gin_cli.macro('MODEL_DIR') == '/tmp/x'
   assert gin_cli.binds(lm.train) and not gin_cli.binds(train_heads.train_heads)
   cfg = gin.get_configurable(T5Config)()
-  assert cfg == gin_model.config_from_gin(model_file)
+  assert cfg == T5Config.from_gin(model_file)
   assert cfg.mlp_activations == ('gelu', 'linear')
   assert cfg.vocab_size >= spm_trainer.DEFAULT_VOCAB_SIZE
 

@@ -71,11 +71,10 @@ def _write(config_name: str, root: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   import spec_decode as sd  # pylint: disable=g-import-not-at-top
-  from spec_decode.checkpoints import gin_model  # pylint: disable=g-import-not-at-top
   from spec_decode.checkpoints import huggingface  # pylint: disable=g-import-not-at-top
   from spec_decode.checkpoints import t5x  # pylint: disable=g-import-not-at-top
 
-  model = sd.Model.init(gin_model.config_from_gin(config_name), seed=0)
+  model = sd.Model.init(sd.T5Config.from_gin(config_name), seed=0)
   jax.block_until_ready(model.params)
   model.save(os.path.join(root, 'orbax'))
   hf_dir = os.path.join(root, 'hf_safetensors')

@@ -3,9 +3,9 @@
 `read`/`write` move a model's config, parameters and vocabulary between
 memory and a directory; `sd.Model.load`/`Model.save` wrap them. The format
 readers (`huggingface.py`, `t5x.py`) feed `assemble.py`, which checks
-names and shapes against the config before reading a tensor. `gin_model.py`
-reads a gin model file into a `T5Config`; `convert.py` is
-`spec-decode convert`.
+names and shapes against the config before reading a tensor. `convert.py` is
+`spec-decode convert`. (Model gin files, ours or T5X's, are read by
+`T5Config.from_gin`, `spec_decode/t5/gin_file.py`.)
 """
 
 from spec_decode.checkpoints.assemble import CheckpointError

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from spec_decode import checkpoints
-from spec_decode.checkpoints import gin_model
+from spec_decode.t5 import gin_file
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import T5Config
 
@@ -38,8 +38,15 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument(
     '--gin_file',
-    help='gin model file with the hyperparameters (T5X), e.g. '
-    'models/t5_1_1/xxl.gin',
+    help='model gin file with the hyperparameters (T5X): ours, e.g. '
+    "models/t5_1_1/xxl.gin, or T5X's own; its local sentencepiece file is "
+    'the vocabulary unless --vocab is given',
+  )
+  p.add_argument(
+    '--gin_search_paths',
+    default='',
+    help="comma-separated directories the gin file's includes are looked "
+    'up in first (e.g. your t5x checkout)',
   )
   p.add_argument(
     '--config', help='T5Config JSON file with the hyperparameters (T5X)'
@@ -76,7 +83,11 @@ def main(argv=None) -> int:
     if args.gin_file:
       if config is not None:
         raise ValueError('pass --config or --gin_file, not both')
-      config = gin_model.config_from_gin(args.gin_file)
+      search = [p for p in args.gin_search_paths.split(',') if p]
+      config = T5Config.from_gin(args.gin_file, search_paths=search)
+      if vocabulary is None:
+        model_file = gin_file.read(args.gin_file, search_paths=search)
+        vocabulary = model_file.local_vocabulary()
     ckpt = checkpoints.read(
       args.source,
       config=config,

@@ -17,7 +17,6 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode import paths
-from spec_decode.checkpoints import gin_model
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.t5 import vocab as vocab_lib
 
@@ -68,7 +67,7 @@ def load_model(
         f'{model_gin}: a random model needs a vocabulary or a vocab_size'
       )
     vocab_size = vocab.vocab_size
-  config = gin_model.config_from_gin(model_gin, vocab_size=int(vocab_size))
+  config = sd.T5Config.from_gin(model_gin, vocab_size=int(vocab_size))
   return sd.Model.init(config, seed=seed, vocabulary=vocab)
 
 

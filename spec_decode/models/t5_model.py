@@ -14,6 +14,7 @@ forcing and the encoder (many rows at once) keep `jnp.dot`. The parameter
 tree, and so every checkpoint, keeps the canonical layout.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -23,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import checkpoints
-from spec_decode.checkpoints import gin_model
 from spec_decode.t5 import cache as cache_lib
+from spec_decode.t5 import gin_file as gin_file_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import T5Config
@@ -142,6 +143,7 @@ class Model:
     dtype: Any = None,
     vocabulary: Any = None,
     progress: bool = False,
+    search_paths: Sequence[str] = (),
   ) -> 'Model':
     """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint.
 
@@ -153,12 +155,16 @@ class Model:
       config: hyperparameters; required for T5X unless `gin_file` is given.
         For our and Hugging Face directories it replaces the stored config
         (the shapes must still agree).
-      gin_file: a gin model file (e.g. `models/t5_1_1/xxl.gin`) giving the
-        hyperparameters, instead of `config`.
+      gin_file: a model gin file giving the hyperparameters, instead of
+        `config`: ours (`models/t5_1_1/xxl.gin`) or T5X's own, unchanged.
+        When the checkpoint stores no vocabulary (T5X), the sentencepiece
+        file the gin file names is used if it is a local file.
       dtype: parameter storage dtype (e.g. `'bfloat16'`); default the
         config's `param_dtype` (float32). Activations follow `config.dtype`.
       vocabulary: overrides (or supplies, for T5X) the vocabulary.
       progress: show a tqdm progress bar over tensors.
+      search_paths: directories the gin file's includes are looked up in
+        first (T5X's `--gin_search_paths`).
 
     Raises:
       FileNotFoundError: `path` or a file it needs does not exist.
@@ -167,8 +173,12 @@ class Model:
     """
     if config is not None and gin_file is not None:
       raise ValueError('pass config or gin_file, not both')
+    gin_vocab = None
     if gin_file is not None:
-      config = gin_model.config_from_gin(gin_file)
+      config = T5Config.from_gin(gin_file, search_paths=search_paths)
+      gin_vocab = gin_file_lib.read(
+        gin_file, search_paths=search_paths
+      ).local_vocabulary()
     ckpt = checkpoints.read(
       path,
       config=config,
@@ -177,17 +187,39 @@ class Model:
       progress=progress,
       shardings=partitioner.param_shardings_flat if partitioner else None,
     )
-    return cls(ckpt.config, ckpt.params, ckpt.vocabulary, partitioner)
+    vocab = ckpt.vocabulary if ckpt.vocabulary is not None else gin_vocab
+    return cls(ckpt.config, ckpt.params, vocab, partitioner)
 
   def save(self, path: str) -> None:
     """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
     checkpoints.write(path, self.config, self.params, self.vocabulary)
 
   @classmethod
-  def from_gin(cls, gin_file: str, seed: int = 0, **overrides) -> 'Model':
-    """Random weights for the T5Config a gin model file describes
-    (`overrides` replace config fields, e.g. `vocab_size=64`)."""
-    return cls.init(gin_model.config_from_gin(gin_file, **overrides), seed=seed)
+  def from_gin(
+    cls,
+    gin_file: str,
+    seed: int = 0,
+    vocabulary: Any = None,
+    search_paths: Sequence[str] = (),
+    **overrides,
+  ) -> 'Model':
+    """Random weights for the network a model gin file describes.
+
+    Args:
+      gin_file: ours (`models/t5_1_1/small.gin`, `t5_1_1_small`) or T5X's
+        own model file, unchanged (`T5Config.from_gin`).
+      seed: seed of the initialization.
+      vocabulary: the vocabulary; default the sentencepiece file the gin file
+        names, when it is a local file.
+      search_paths: directories includes are looked up in first.
+      **overrides: `T5Config` fields replaced (e.g. `vocab_size=64`).
+    """
+    config = T5Config.from_gin(gin_file, search_paths=search_paths, **overrides)
+    if vocabulary is None:
+      vocabulary = gin_file_lib.read(
+        gin_file, search_paths=search_paths
+      ).local_vocabulary()
+    return cls.init(config, seed=seed, vocabulary=vocabulary)
 
   def param_axes(self) -> Any:
     """Logical axis names per parameter, as a tree of `PartitionSpec`s."""

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from spec_decode.core.ids import EOS_ID  # noqa: F401 (re-exported)
 from spec_decode.core.ids import PAD_ID  # noqa: F401
 from spec_decode.core.ids import UNK_ID  # noqa: F401
+from spec_decode.t5 import gin_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,38 @@ class T5Config:
   @classmethod
   def from_json(cls, text: str) -> 'T5Config':
     return cls.from_dict(json.loads(text))
+
+  @classmethod
+  def from_gin(
+    cls,
+    path: str,
+    bindings: Sequence[str] = (),
+    search_paths: Sequence[str] = (),
+    **overrides,
+  ) -> 'T5Config':
+    """The config a model gin file binds: ours (`models/t5_1_1/xxl.gin`, or
+    the short name `t5_1_1_xxl`) or T5X's own, unchanged (t5x need not be
+    installed). Reads hyperparameters only: no weights are allocated.
+
+    Args:
+      path: the gin file (see `gin_file.resolve`).
+      bindings: extra bindings read after the file, e.g.
+        `("ACTIVATION_DTYPE = 'bfloat16'",)`.
+      search_paths: directories includes are looked up in first (T5X's
+        `--gin_search_paths`).
+      **overrides: fields replaced after reading (e.g. `vocab_size=64`).
+
+    Raises:
+      FileNotFoundError: the file or one it includes does not exist.
+      ValueError: what the file binds cannot make a T5Config (the message
+        names the binding).
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    model_file = gin_file.read(path, bindings, search_paths, fields=names)
+    fields = {**model_file.config, **overrides}
+    if 'vocab_size' not in fields:
+      raise ValueError(f'{model_file.path}: binds no T5Config.vocab_size')
+    return cls(**fields)
 
 
 _KNOWN_ACTIVATIONS = frozenset(
