@@ -142,3 +142,13 @@ def test_bring_your_own_checkpoint(monkeypatch, tmp_path):
   text = _text(nb)
   assert 'identical to plain decoding: 2 / 2 rows' in text
   assert checkpoint in text
+
+
+def test_bring_your_own_checkpoint_with_a_t5x_gin_file(monkeypatch):
+  """The default stand-in: a T5X checkpoint and a T5X-format model file."""
+  monkeypatch.delenv('BYOC_CHECKPOINT', raising=False)
+  nb = _execute('bring_your_own_checkpoint.ipynb', monkeypatch)
+  text = _text(nb)
+  assert 'tiny random T5X stand-in' in text
+  assert 'hyperparameters from' in text and 'emb_dim=32' in text
+  assert 'identical to plain decoding: 2 / 2 rows' in text
