@@ -188,7 +188,7 @@ class Model:
       shardings=partitioner.param_shardings_flat if partitioner else None,
     )
     vocab = ckpt.vocabulary if ckpt.vocabulary is not None else gin_vocab
-    return cls(ckpt.config, ckpt.params, vocab, partitioner)
+    return cls(ckpt.config, ckpt.params, vocab, partitioner=partitioner)
 
   def save(self, path: str) -> None:
     """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""
