@@ -42,11 +42,13 @@ _EXTRAS = {
     # The CPU wheel of torch 2.13.0 lies on the build machines' disk.
     'hf': ['torch==2.13.0', 'transformers>=5,<6'],
     'metrics': ['sacrebleu>=2.4', 'rouge-score>=0.1.2'],
+    # seqio tasks as eval data (spec_decode/data/seqio_data.py); the versions
+    # CI installs (about 2.5 GB, TensorFlow included).
     'seqio': [
-        'seqio>=0.0.19',
-        'tensorflow>=2.16',
-        'tensorflow-text>=2.16',
-        'tensorflow-datasets>=4.9',
+        'seqio==0.0.20',
+        'tensorflow==2.21.0',
+        'tensorflow-text==2.21.1',
+        'tensorflow-datasets==4.9.10',
     ],
 }
 _EXTRAS['all'] = sorted({d for deps in _EXTRAS.values() for d in deps})

@@ -329,7 +329,14 @@ def test_cli_gin_search_paths(models, tmp_path):
     ('dynamic_gamma', True), ('vocabulary', 3), ('data_dir', 3),
     ('target_name', 3), ('draft_name', ''), ('timing_repeats', 0),
     ('calibration_batches', 0), ('calibration_gamma', 0),
-    ('max_auto_gamma', 0),
+    ('max_auto_gamma', 0), ('task', None), ('max_decode_len', None),
+    ('task_feature_lengths', {'inputs': 0}),
+    ('task_feature_lengths', {'decoder': 8}),
+    ('task_feature_lengths', {'targets': True}),
+    ('task_feature_lengths', [8, 8]), ('task_feature_lengths', {}),
+    ('mixture_or_task_module', 3),
+    ('mixture_or_task_module', 'spec_decode_no_such_module'),
+    ('seqio_vocabulary', 3),
   ],
 )  # fmt: skip
 def test_a_bad_setting_is_a_value_error_naming_the_field(field, value):
@@ -351,6 +358,15 @@ def test_settings_are_normalized():
   assert _settings(gamma='Auto').gamma == 'auto'
   assert not _settings(lenience=0.5).exact_algorithm
   assert dataclasses.replace(s, gamma=7).gamma == (7,)
+  # T5X's TASK_FEATURE_LENGTHS keys replace the lengths they name.
+  lengths = _settings(task_feature_lengths={'targets': 9}, max_decode_len=None)
+  assert (lengths.max_input_len, lengths.max_decode_len) == (32, 9)
+  assert lengths.task_feature_lengths == {'targets': 9}
+  both = _settings(task_feature_lengths={'inputs': 20, 'targets': 9})
+  assert (both.max_input_len, both.max_decode_len) == (20, 9)
+  assert _settings(mixture_or_task_module='json').mixture_or_task_module == (
+    'json',
+  )
   with pytest.raises(dataclasses.FrozenInstanceError):
     s.seed = 3  # pytype: disable=not-writable
   assert settings_lib.EvalSettings is eval_lib.EvalSettings
@@ -363,6 +379,8 @@ def test_settings_are_normalized():
     ('--gin.TEMPERATURE=-1.0', 'temperature'),
     ('--gin.GAMMA=0', 'gamma'),
     ('--gin.TASK=no_such_task', 'task'),
+    ('--gin.MIXTURE_OR_TASK_NAME=no_such_task', 'task'),
+    ("--gin.TASK_FEATURE_LENGTHS={'targets': 0}", 'task_feature_lengths'),
   ],
 )
 def test_cli_checks_the_settings_before_loading_a_model(

@@ -159,6 +159,30 @@ def test_compare_passes_each_run_its_settings(tmp_path):
   assert calls[1]['output_dir'] == os.path.join(str(tmp_path), 'a-t0-l0.5-dyn0')
 
 
+def test_compare_tabulates_a_run_without_quality_metrics(tmp_path):
+  # A seqio task may define no metric functions (T5X infer tasks often do
+  # not): its row says so instead of failing.
+  def run(**kw):
+    return {
+      'temperature': 0.0, 'lenience': 1.0, 'exact_algorithm': True,
+      'sweep': [], 'quality': {},
+      **{k: 0.5 for k in (
+        'gamma', 'alpha', 'c', 'tokens_per_call', 'speedup_measured',
+        'speedup_predicted', 'exact_match_fraction',
+      )},
+    }  # fmt: skip
+
+  rows = compare.compare(
+    drafts={'a': 'draft a'},
+    settings=SETTINGS,
+    output_dir=str(tmp_path),
+    run=run,
+    print_summary=False,
+  )
+  assert rows[0]['metric'] == '-' and np.isnan(rows[0]['quality_plain'])
+  assert '| - nan → nan |' in compare.table(rows)
+
+
 def test_cli_checks_the_comparison_settings_before_loading_drafts(
   tmp_path, capsys
 ):

@@ -17,11 +17,10 @@ Registered tasks (`task_names()`):
 * `synthetic_tiny`, `synthetic_tiny_summarize`: deterministic fake sentences
   for tests, no files.
 
-When `seqio` is importable, the TFDS and Debian tasks are also registered in
-`seqio.TaskRegistry` with T5's pipeline (prefix, tokenize, cache
-placeholder, append EOS after trim) and T5's default vocabulary, so T5X-style
-training and eval can use them by name. T5's own registrations (from the `t5`
-package) take precedence when present.
+This module never imports seqio or TensorFlow. `data/seqio_tasks.py`
+registers the TFDS and Debian tasks in `seqio.TaskRegistry` (import it, e.g.
+as T5X's `MIXTURE_OR_TASK_MODULE`), and `data/seqio_data.py` reads any seqio
+task or mixture for an eval run.
 """
 
 import dataclasses
@@ -40,8 +39,8 @@ TRANSLATE_EN_DE_PREFIX = 'translate English to German: '
 SUMMARIZE_PREFIX = 'summarize: '
 SPLITS = ('train', 'validation', 'test')
 
-# T5's default vocabulary (`t5.data.DEFAULT_SPM_PATH`), used by the seqio
-# registrations.
+# T5's default vocabulary (`t5.data.DEFAULT_SPM_PATH`), the default of the
+# seqio registrations (`seqio_tasks.py`).
 T5_SPM_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
 T5_EXTRA_IDS = 100
 WMT_T2T_TFDS_NAME = 'wmt_t2t_translate/de-en:1.0.0'
@@ -327,126 +326,3 @@ def examples(
     pairs = itertools.islice(pairs, limit)
   for source, target in pairs:
     yield {'inputs': task.input_prefix + source, 'targets': target}
-
-
-# ------------------------------------------------------------------ seqio.
-
-
-def _seqio_bleu(targets, predictions):
-  return metrics_lib.bleu(predictions, targets)
-
-
-def _seqio_rouge(targets, predictions):
-  return metrics_lib.rouge(predictions, targets)
-
-
-def register_seqio_tasks(vocabulary=None, debian_dir: str | None = None):
-  """Registers the TFDS and Debian tasks in `seqio.TaskRegistry`.
-
-  Names that are already registered (e.g. by `t5.data.tasks`) are left
-  alone, so calling this twice is harmless.
-
-  Args:
-    vocabulary: a `seqio.Vocabulary`; None uses T5's default sentencepiece
-      model with 100 extra ids.
-    debian_dir: the Debian data directory (default: `default_data_dir()`).
-
-  Returns:
-    The names this call registered.
-  """
-  import seqio  # Optional dependency; pulls in TensorFlow.
-  import tensorflow as tf
-
-  if vocabulary is None:
-    vocabulary = seqio.SentencePieceVocabulary(T5_SPM_PATH, T5_EXTRA_IDS)
-  features = {
-    'inputs': seqio.Feature(vocabulary, add_eos=True, required=False),
-    'targets': seqio.Feature(vocabulary, add_eos=True),
-  }
-
-  def text_to_text(prefix, source_key, target_key):
-    # What t5.data.preprocessors.translate / summarize produce.
-    def preprocess(dataset):
-      def fn(ex):
-        return {
-          'inputs': tf.strings.join([prefix, ex[source_key]]),
-          'targets': ex[target_key],
-        }
-
-      return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
-
-    return preprocess
-
-  def parse_tsv(dataset):
-    def fn(line):
-      fields = tf.io.decode_csv(
-        line,
-        record_defaults=['', '', ''],
-        field_delim='\t',
-        use_quote_delim=False,
-      )
-      return dict(zip(debian.TSV_HEADER, fields, strict=True))
-
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
-
-  root = os.path.abspath(debian_dir or debian.default_data_dir())
-
-  def tsv_source(subdir):
-    return seqio.TextLineDataSource(
-      {s: os.path.join(root, subdir, f'{s}.tsv') for s in SPLITS},
-      skip_header_lines=1,
-    )
-
-  specs = [
-    (
-      'wmt_t2t_ende_v003',
-      seqio.TfdsDataSource(tfds_name=WMT_T2T_TFDS_NAME),
-      [text_to_text(TRANSLATE_EN_DE_PREFIX, 'en', 'de')],
-      _seqio_bleu,
-    ),
-    (
-      'cnn_dailymail_v002',
-      seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS_NAME),
-      [text_to_text(SUMMARIZE_PREFIX, 'article', 'highlights')],
-      _seqio_rouge,
-    ),
-    (
-      'debian_ende',
-      tsv_source('ende'),
-      [parse_tsv, text_to_text(TRANSLATE_EN_DE_PREFIX, 'source', 'target')],
-      _seqio_bleu,
-    ),
-    (
-      'debian_summarize',
-      tsv_source('summarize'),
-      [parse_tsv, text_to_text(SUMMARIZE_PREFIX, 'source', 'target')],
-      _seqio_rouge,
-    ),
-  ]
-  registered = []
-  existing = set(seqio.TaskRegistry.names())
-  for name, source, text_preprocessors, metric_fn in specs:
-    if name in existing:
-      continue
-    seqio.TaskRegistry.add(
-      name,
-      source=source,
-      preprocessors=text_preprocessors
-      + [
-        seqio.preprocessors.tokenize,
-        seqio.CacheDatasetPlaceholder(),
-        seqio.preprocessors.append_eos_after_trim,
-      ],
-      output_features=features,
-      metric_fns=[metric_fn],
-    )
-    registered.append(name)
-  return registered
-
-
-try:
-  import seqio as _seqio  # noqa: F401 (only probing for it)
-except ImportError:
-  _seqio = None
-if _seqio is not None:
-  register_seqio_tasks()

@@ -1,9 +1,21 @@
 """`spec-decode eval`: a gin-configured eval run, in the manner of T5X's eval.
 
     spec-decode eval --gin_file=configs/table2_ende_small_t0.gin \\
-        --gin.TARGET_CHECKPOINT=/ckpt/xxl --gin.DRAFT_CHECKPOINT=/ckpt/small \\
+        --gin.CHECKPOINT_PATH=/ckpt/xxl --gin.DRAFT_CHECKPOINT=/ckpt/small \\
         --gin.VOCABULARY=/ckpt/sentencepiece.model --gin.GAMMA=[3,5,7] \\
         --output_dir=/tmp/ende_small_t0
+
+A T5X eval or infer command runs with the draft added (T5X's macros, its
+run files and model gin files: `eval/t5x_run_cli.py`):
+
+    spec-decode eval --gin_file=t5x/examples/t5/t5_1_1/xxl.gin \\
+        --gin_file=t5x/configs/runs/eval.gin --gin_search_paths=/src/t5x \\
+        --gin.MIXTURE_OR_TASK_NAME=my_task \\
+        --gin.MIXTURE_OR_TASK_MODULE=my_project.tasks \\
+        --gin.CHECKPOINT_PATH=/ckpt/xxl/checkpoint_1000000 \\
+        --gin.EVAL_OUTPUT_DIR=/tmp/eval \\
+        --gin.DRAFT_CHECKPOINT=/ckpt/small/checkpoint_1000000 \\
+        --gin.DRAFT_GIN_FILE=t5x/examples/t5/t5_1_1/small.gin --gin.GAMMA=7
 
 With no `--gin_file` it runs the embedded default,
 `configs/demo_debian_ende.gin` (the trained demo pair on the offline Debian
@@ -12,17 +24,24 @@ EnDe task).
 Flags:
   --gin_file FILE      repeatable; looked up as given, then under
                        --gin_search_paths, the repo's `configs/`, `gin/`
-                       and root (a missing `.gin` is added).
+                       and root (a missing `.gin` is added). T5X's
+                       t5x/configs/runs/{eval,infer}.gin mean our
+                       runs/eval.gin; a model gin file is the target's.
   --gin_search_paths D comma-separated directories that `include` (and
                        --gin_file) also search.
   --gin.NAME=VALUE     a gin binding `NAME = VALUE` (macros: `--gin.GAMMA=7`;
                        parameters: `--gin.spec_eval.EvalSettings.seed=3`). A
                        bare word is taken as a string: `--gin.TASK=debian_ende`.
   --gin_bindings B     repeatable; a binding as gin writes it (T5X's flag).
+                       T5X's utils.DatasetConfig.{split,batch_size,...}
+                       and RestoreCheckpointConfig.path set their macros.
   --output_dir DIR     where results go (default: the gin macro
-                       EVAL_OUTPUT_DIR, else eval_results/<config name>).
+                       EVAL_OUTPUT_DIR or INFER_OUTPUT_DIR, else
+                       eval_results/<config name>).
   --overwrite          replace a run with other settings in DIR.
   --no_progress        no progress bar.
+  --tfds_data_dir DIR  T5X's flag: the TFDS data directory (DATA_DIR).
+  --alsologtostderr    T5X's flag; accepted, no effect.
 
 A config that also includes `runs/compare.gin` (and binds DRAFTS) runs
 `spec_decode.eval.compare.compare`: one eval per drafter x temperature x
@@ -45,6 +64,7 @@ from spec_decode import paths
 from spec_decode.eval import compare
 from spec_decode.eval import records
 from spec_decode.eval import run as run_lib
+from spec_decode.eval import t5x_run_cli
 
 DEFAULT_CONFIG = 'demo_debian_ende.gin'
 DEFAULT_OUTPUT_ROOT = 'eval_results'
@@ -62,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--output_dir', default=None)
   p.add_argument('--overwrite', action='store_true')
   p.add_argument('--no_progress', action='store_true')
+  # T5X's launcher flags, so that its command lines run unchanged.
+  p.add_argument(
+    '--tfds_data_dir', default=None, help='TFDS data directory (DATA_DIR)'
+  )
+  p.add_argument(
+    '--alsologtostderr', action='store_true', help='accepted; no effect'
+  )
   return p
 
 
@@ -77,11 +104,10 @@ def main(argv: list[str] | None = None) -> int:
   """Parses flags and gin files, runs `evaluate`; returns an exit code."""
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
-    flag_bindings, rest = gin_cli.split_flags(argv)
+    args, flag_bindings = parse_args(argv)
   except gin_cli.GinFlagError as e:
     _error(e)
     return 2
-  args = _parser().parse_args(rest)
   if not args.gin_file and not flag_bindings and _missing_demo_checkpoints():
     _error(
       'the default run (configs/demo_debian_ende.gin) needs the trained demo '
@@ -91,16 +117,9 @@ def main(argv: list[str] | None = None) -> int:
       '  spec-decode eval --gin_file=configs/smoke_synthetic.gin'
     )
     return 1
-  bindings = [*args.gin_bindings, *flag_bindings]
-  if args.output_dir:
-    bindings.append(f'EVAL_OUTPUT_DIR = {args.output_dir!r}')
   try:
-    files = gin_cli.parse(
-      args.gin_file or [DEFAULT_CONFIG],
-      bindings,
-      gin_cli.search_paths(args.gin_search_paths),
-    )
-  except gin_cli.GinFlagError as e:
+    files = configure(args, flag_bindings)
+  except (ImportError, ValueError) as e:  # GinFlagError, or gin's own.
     _error(e)
     return 2
 
@@ -133,8 +152,44 @@ def main(argv: list[str] | None = None) -> int:
   return 0
 
 
+def configure(args: argparse.Namespace, flag_bindings: list[str]) -> list[str]:
+  """Parses the gin files and bindings of `args` (T5X's files and macros
+  translated, aliases linked: `t5x_run_cli`); returns the files parsed.
+
+  Raises:
+    gin_cli.GinFlagError: a bad flag, a missing file, an unset required
+      macro or a T5X binding with no counterpart.
+  """
+  search = gin_cli.search_paths(args.gin_search_paths)
+  gin_files, model_file = t5x_run_cli.split_gin_files(
+    args.gin_file or [DEFAULT_CONFIG], search
+  )
+  bindings = t5x_run_cli.translate([*args.gin_bindings, *flag_bindings])
+  if model_file:
+    bindings.insert(0, f'TARGET_MODEL_GIN = {model_file!r}')
+  if search:
+    bindings.insert(0, f'GIN_SEARCH_PATHS = {search!r}')
+  if args.output_dir:
+    bindings.append(f'EVAL_OUTPUT_DIR = {args.output_dir!r}')
+  if args.tfds_data_dir:
+    bindings.append(f'DATA_DIR = {args.tfds_data_dir!r}')
+  bindings = t5x_run_cli.link_aliases(bindings)
+  gin_files = gin_files or [t5x_run_cli.RUN_FILE]
+  files = gin_cli.parse(gin_files, bindings, search)
+  links = t5x_run_cli.links_after_parse(bindings)
+  if links:
+    files = gin_cli.parse(gin_files, bindings + links, search)
+  return files
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+  """(flags, `--gin.NAME=VALUE` bindings) of a command line."""
+  flag_bindings, rest = gin_cli.split_flags(argv)
+  return _parser().parse_args(rest), flag_bindings
+
+
 def _output_dir(files: list[str]) -> str:
-  value = gin_cli.macro('EVAL_OUTPUT_DIR')
+  value = t5x_run_cli.resolved_macro('EVAL_OUTPUT_DIR')
   if value:
     return str(value)
   stem = os.path.splitext(os.path.basename(files[-1]))[0]

@@ -42,7 +42,11 @@ def _rows(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
   """One row per γ of a run (a sweep gives several)."""
   rows = []
   for entry in result.get('sweep') or [result]:
-    metric, values = next(iter(entry['quality'].items()))
+    # The first quality metric; a seqio task may have none.
+    metric, values = next(
+      iter(entry['quality'].items()),
+      ('-', {'plain': float('nan'), 'speculative': float('nan')}),
+    )
     rows.append(
       {
         'drafter': name,

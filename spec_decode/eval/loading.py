@@ -11,6 +11,7 @@ import functools
 import hashlib
 import io
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,21 +29,24 @@ def load_model(
   vocabulary: Any = None,
   vocab_size: int | None = None,
   dtype: Any = None,
+  search_paths: Sequence[str] = (),
 ) -> sd.Model:
   """A model from a checkpoint, or with random weights from a gin file.
 
   Args:
     checkpoint: our orbax directory, a Hugging Face T5 directory or a T5X
       checkpoint; a relative path is also looked up in the repository.
-    model_gin: a gin model file (`models/t5_1_1/xxl.gin`): the
-      hyperparameters of a T5X checkpoint, or, without a checkpoint, the
-      network to initialize randomly (smoke tests).
+    model_gin: a gin model file, ours (`models/t5_1_1/xxl.gin`) or T5X's
+      own: the hyperparameters of a T5X checkpoint, or, without a
+      checkpoint, the network to initialize randomly (smoke tests).
     seed: seed of the random initialization.
     vocabulary: a `Vocabulary` or a sentencepiece `.model` path; overrides
       the checkpoint's (T5X checkpoints store none).
     vocab_size: embedding rows of a random model (default: the vocabulary's
       size).
     dtype: parameter storage dtype of a loaded checkpoint.
+    search_paths: where the gin file's includes are looked up first (T5X's
+      `--gin_search_paths`).
 
   Returns:
     The `Model`.
@@ -57,17 +61,27 @@ def load_model(
     if not os.path.exists(path):
       raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
     return sd.Model.load(
-      path, gin_file=model_gin, vocabulary=vocab, dtype=dtype
+      path,
+      gin_file=model_gin,
+      vocabulary=vocab,
+      dtype=dtype,
+      search_paths=tuple(search_paths),
     )
   if not model_gin:
-    raise ValueError('load_model needs a checkpoint or a model_gin file')
+    raise ValueError(
+      'load_model needs a checkpoint or a model_gin file (gin: '
+      'CHECKPOINT_PATH or DRAFT_CHECKPOINT; TARGET_MODEL_GIN or '
+      'DRAFT_GIN_FILE alone builds random weights)'
+    )
   if vocab_size is None:
     if vocab is None:
       raise ValueError(
         f'{model_gin}: a random model needs a vocabulary or a vocab_size'
       )
     vocab_size = vocab.vocab_size
-  config = sd.T5Config.from_gin(model_gin, vocab_size=int(vocab_size))
+  config = sd.T5Config.from_gin(
+    model_gin, vocab_size=int(vocab_size), search_paths=tuple(search_paths)
+  )
   return sd.Model.init(config, seed=seed, vocabulary=vocab)
 
 

@@ -6,6 +6,8 @@
                    batch by batch as the run goes
   run_state.json   the run's settings (and an auto-γ choice)
   accepted_histogram.png, speedup_vs_gamma.png
+  <task>-predict.jsonl-00000-of-00001
+                   the outputs as T5X's infer writes them
 
 JSON files are replaced atomically (written aside, then renamed). A rerun
 in the same directory with the same settings resumes: `read_records` keeps
@@ -13,8 +15,10 @@ the complete batches of examples.jsonl and cuts the file back to them.
 Other settings are refused unless the directory is overwritten.
 """
 
+import glob
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from spec_decode.eval import report
@@ -123,6 +127,8 @@ def prepare_dir(
     path = os.path.join(output_dir, name)
     if os.path.exists(path):
       os.remove(path)
+  for path in glob.glob(os.path.join(output_dir, predictions_file('*'))):
+    os.remove(path)
   state = {'settings': settings}
   save_state(output_dir, state)
   return state
@@ -141,3 +147,44 @@ def write_results(
   with open(os.path.join(output_dir, SUMMARY_FILE), 'w', encoding='utf-8') as f:
     f.write(summary)
   report.write_plots(results, output_dir)
+
+
+def predictions_file(task: str) -> str:
+  """The file T5X's infer writes for `task` (one shard)."""
+  return f'{task}-predict.jsonl-00000-of-00001'
+
+
+def write_predictions(
+  output_dir: str,
+  subtasks: Sequence[str],
+  pretokenized: Sequence[dict[str, Any]],
+  records: Sequence[dict[str, Any]],
+  gamma: int,
+) -> list[str]:
+  """Writes the outputs as T5X's infer does, one file per (sub)task.
+
+  Each line: `inputs` (the example's `*_pretokenized` features),
+  `prediction` (the speculative output at `gamma`, decoded, not
+  postprocessed), `targets` (the target text) and `plain_prediction` (the
+  target model's own decode).
+
+  Returns:
+    The files written.
+  """
+  lines: dict[str, list[str]] = {}
+  for task, inputs, rec in zip(subtasks, pretokenized, records, strict=True):
+    row = {
+      'inputs': inputs,
+      'prediction': rec['speculative'][str(gamma)]['text'],
+      'targets': inputs.get('targets_pretokenized', rec['reference']),
+      'plain_prediction': rec['plain'],
+    }
+    lines.setdefault(task, []).append(json.dumps(row, ensure_ascii=False))
+  written = []
+  for task, rows in lines.items():
+    path = os.path.join(output_dir, predictions_file(task))
+    with open(path + '.tmp', 'w', encoding='utf-8') as f:
+      f.write('\n'.join(rows) + '\n')
+    os.replace(path + '.tmp', path)
+    written.append(path)
+  return written

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from spec_decode import theory
-from spec_decode.data import quality as metrics_lib
 
 HISTOGRAM_PLOT = 'accepted_histogram.png'
 SWEEP_PLOT = 'speedup_vs_gamma.png'
@@ -51,11 +50,7 @@ def _batch_groups(records, batch_size):
   return list(groups.values())
 
 
-def _quality(metric, predictions, references):
-  return metrics_lib.compute(metric, predictions, references)
-
-
-def _gamma_results(records, gamma, batch_size, metric, costs, plain):
+def _gamma_results(records, gamma, batch_size, score, costs, plain):
   """Acceptance, calls, quality, timings and predictions of one γ."""
   key = str(gamma)
   specs = [rec['speculative'][key] for rec in records]
@@ -74,12 +69,10 @@ def _gamma_results(records, gamma, batch_size, metric, costs, plain):
   seconds = sum(s['seconds'] for s in specs)
   c = costs['c']
   v = costs['v_of_k'][gamma + 1]
-  references = [rec['reference'] for rec in records]
+  values, _ = score([s['text'] for s in specs], [s['tokens'] for s in specs])
   quality = {
     name: {'plain': plain['quality'][name], 'speculative': value}
-    for name, value in _quality(
-      metric, [s['text'] for s in specs], references
-    ).items()
+    for name, value in values.items()
   }
   exact = sum(bool(s['exact']) for s in specs)
   tokens_per_call = tokens / max(iterations, 1)
@@ -113,13 +106,27 @@ def _gamma_results(records, gamma, batch_size, metric, costs, plain):
   }
 
 
-def results(records, gammas, metric, batch_size, costs) -> dict[str, Any]:
-  """results.json from the per-example records and the measured costs."""
-  references = [rec['reference'] for rec in records]
+def results(
+  records, gammas, score, batch_size, costs, metric
+) -> dict[str, Any]:
+  """results.json from the per-example records and the measured costs.
+
+  Args:
+    records: the lines of examples.jsonl.
+    gammas: the run's γ values (the first is the top level's).
+    score: (output texts, output ids) -> ({quality metric: value}, notes
+      on metrics not reported); `task_data.TaskData.score`.
+    batch_size: rows per decode.
+    costs: `decoding.measure_costs` of the pair.
+    metric: what `score` computes, for results.json.
+  """
+  plain_quality, notes = score(
+    [r['plain'] for r in records], [r['plain_tokens'] for r in records]
+  )
   plain_tokens = sum(len(rec['plain_tokens']) for rec in records)
   plain_seconds = sum(rec['plain_seconds'] for rec in records)
   plain = {
-    'quality': _quality(metric, [r['plain'] for r in records], references),
+    'quality': plain_quality,
     'seconds': plain_seconds,
     'output_tokens': plain_tokens,
     'target_calls': sum(
@@ -128,12 +135,13 @@ def results(records, gammas, metric, batch_size, costs) -> dict[str, Any]:
     ),
   }
   sweep = [
-    _gamma_results(records, g, batch_size, metric, costs, plain) for g in gammas
+    _gamma_results(records, g, batch_size, score, costs, plain) for g in gammas
   ]
   top = dict(sweep[0])
   top.update(
     num_examples=len(records),
     metric=metric,
+    quality_notes=notes,
     gammas=list(gammas),
     plain_target_calls=plain['target_calls'],
     plain_output_tokens=plain_tokens,
@@ -223,6 +231,8 @@ def summary_markdown(r: dict[str, Any]) -> str:
       + ' | '.join(_f(s['quality'][name]['speculative']) for s in rows)
       + ' |'
     )
+  for note in r.get('quality_notes') or []:
+    lines.append(f'\nNot reported: {note}.')
   lines += [
     '',
     '| γ | tokens/target call | E[tokens] (iid α) | target calls '

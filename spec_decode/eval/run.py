@@ -5,8 +5,10 @@ lives in `eval/cli.py`; this module has no gin decorators). Its settings are
 one `EvalSettings` (`eval/settings.py`), checked when built, before anything
 loads or compiles. One run:
 
-1. reads the first `num_examples` examples of a task split (a fixed subset),
-   tokenizes `prefix + source` with the target's vocabulary;
+1. reads the first `num_examples` examples of a task split (a fixed subset):
+   a built-in task's `prefix + source` tokenized with the target's
+   vocabulary, or a seqio task's or mixture's examples as its preprocessors
+   make them (`eval/task_data.py`);
 2. decodes every batch twice with the same per-example seeds (seed + example
    index): plainly with the target, then speculatively with the draft, for
    each γ of the run. Each new input shape is decoded once untimed first
@@ -14,8 +16,9 @@ loads or compiles. One run:
 3. measures c (draft step time / target step time) and v (target time for
    γ + 1 tokens / for 1 token) with `costs.measure` (a drafter that is not
    a language model is timed through `propose`);
-4. reports quality (BLEU or ROUGE) of both decodes, exactness (the fraction
-   of examples whose speculative tokens equal the plain ones), alpha,
+4. reports quality (BLEU or ROUGE; a seqio task's own metrics) of both
+   decodes, exactness (the fraction of examples whose speculative tokens
+   equal the plain ones), alpha,
    the accepted-length histogram, per-position acceptance, calls, the
    measured speedup and the predictions of Theorem 3.8 and of
    E[tokens] / (γc + v), as in the paper's Table 4 (`eval/report.py`).
@@ -33,6 +36,11 @@ Output directory (`eval/records.py`; the numbers and the report come from
                          speculative outputs, acceptance counts, timings
   run_state.json         the run's settings (and an auto-γ choice)
   accepted_histogram.png, speedup_vs_gamma.png (sweeps)
+  <task>-predict.jsonl-00000-of-00001
+                         as T5X's infer writes them: per example `inputs`
+                         (the `*_pretokenized` features), `prediction` (the
+                         speculative output of the first γ), `targets` and
+                         `plain_prediction`; one file per subtask
 
 Crash safety: each batch's lines are appended to examples.jsonl (flushed and
 fsynced) as soon as the batch is decoded. A rerun with the same output
@@ -51,12 +59,13 @@ from collections.abc import Callable
 from typing import Any
 
 from spec_decode import theory
-from spec_decode.data import tasks as tasks_lib
+from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
 from spec_decode.eval import loading
 from spec_decode.eval import records as records_lib
 from spec_decode.eval import report
 from spec_decode.eval import settings as settings_lib
+from spec_decode.eval import task_data
 from spec_decode.t5 import vocab as vocab_lib
 
 EvalSettings = settings_lib.EvalSettings
@@ -101,31 +110,29 @@ def evaluate(
     The contents of results.json.
 
   Raises:
-    ValueError: no vocabulary, vocabularies that differ, an empty split, or
-      `output_dir` holding a run with other settings.
+    ValueError: no vocabulary, vocabularies that differ (draft, target or a
+      seqio task), an empty split, or `output_dir` holding a run with other
+      settings.
   """
   s = settings
   vocab = loading.as_vocabulary(s.vocabulary) or getattr(
     target, 'vocabulary', None
   )
-  if vocab is None:
-    raise ValueError(
-      'the target has no vocabulary; set EvalSettings.vocabulary'
-    )
-  vocab_lib.check_compatible(vocab, getattr(draft, 'vocabulary', None))
-  task = tasks_lib.get_task(s.task, s.data_dir)
-  exs = list(tasks_lib.examples(task, s.split, limit=s.num_examples))
-  if not exs:
-    raise ValueError(f'{s.task}/{s.split} has no examples')
-  token_lists = decoding.tokenize(vocab, exs, s.max_input_len)
-  state = records_lib.prepare_dir(
-    output_dir, _identity(s, len(exs), target, draft, vocab), overwrite
-  )
+  draft_vocab = getattr(draft, 'vocabulary', None)
+  vocab_lib.check_compatible(vocab, draft_vocab)
+  extra = s.calibration_batches * s.batch_size if s.gamma == 'auto' else 0
+  data = task_data.load(s, vocab, extra)
+  vocab_lib.check_compatible(data.vocabulary, draft_vocab)
+  exs, token_lists = data.examples, data.token_lists
+  identity = _identity(s, len(exs), target, draft, data.vocabulary)
+  if data.source != seqio_data.BUILTIN:
+    identity['task_source'] = data.source
+  state = records_lib.prepare_dir(output_dir, identity, overwrite)
   decode = decoding.Decoder(target, draft, s)
 
   if s.gamma == 'auto':
     if 'gamma_choice' not in state:
-      state['gamma_choice'] = _calibrate(decode, task, vocab, token_lists)
+      state['gamma_choice'] = _calibrate(decode, data)
       records_lib.save_state(output_dir, state)
     gammas = [int(state['gamma_choice']['gamma'])]
   else:
@@ -135,7 +142,7 @@ def evaluate(
   records = records_lib.read_records(path, s.batch_size, len(exs))
   _run_batches(
     decode,
-    vocab,
+    data.decode,
     exs,
     token_lists,
     records,
@@ -146,9 +153,12 @@ def evaluate(
   )
 
   costs = decode.costs([g + 1 for g in gammas], gammas[0])
-  results = report.results(records, gammas, task.metric, s.batch_size, costs)
+  results = report.results(
+    records, gammas, data.score, s.batch_size, costs, data.metric
+  )
   results.update(
     **s.reported(),
+    task_source=data.source,
     exact_algorithm=s.exact_algorithm,
     target=loading.describe(target, s.target_name),
     draft=loading.describe(draft, s.draft_name),
@@ -163,6 +173,9 @@ def evaluate(
   )
   summary = report.summary_markdown(results)
   records_lib.write_results(output_dir, results, summary)
+  records_lib.write_predictions(
+    output_dir, data.subtasks, data.pretokenized, records, gammas[0]
+  )
   if print_summary:
     print(summary)
   return results
@@ -197,7 +210,7 @@ def _identity(
 
 def _run_batches(
   decode: decoding.Decoder,
-  vocab: vocab_lib.Vocabulary,
+  to_text: Callable[[list[int]], str],
   exs: list[dict[str, str]],
   token_lists: list[list[int]],
   records: list[dict[str, Any]],
@@ -233,7 +246,7 @@ def _run_batches(
           'input': exs[i]['inputs'],
           'reference': exs[i]['targets'],
           'input_tokens': len(token_lists[i]),
-          'plain': vocab.decode(tokens),
+          'plain': to_text(tokens),
           'plain_tokens': tokens,
           'plain_seconds': plain_s / len(indices),
           'speculative': {},
@@ -242,7 +255,7 @@ def _run_batches(
           st = out.tokens[r, : out.lengths[r]].tolist()
           row = decoding.row_spec_record(out.stats, r, st, g)
           rec['speculative'][str(g)] = dict(
-            text=vocab.decode(st),
+            text=to_text(st),
             tokens=st,
             exact=st == tokens,
             seconds=secs / len(indices),
@@ -268,26 +281,19 @@ def _run_batches(
 
 
 def _calibrate(
-  decode: decoding.Decoder,
-  task: tasks_lib.Task,
-  vocab: vocab_lib.Vocabulary,
-  token_lists: list[list[int]],
+  decode: decoding.Decoder, data: task_data.TaskData
 ) -> dict[str, Any]:
   """Auto-γ: α from a few speculative batches, c and v(k), then γ.
 
-  The calibration examples follow the evaluated ones (`token_lists`) in the
-  split when the split has them (else the first evaluated batches are
-  reused); they only choose γ and are not part of the results.
+  The calibration examples follow the evaluated ones in the split when the
+  split has them (else the first evaluated batches are reused); they only
+  choose γ and are not part of the results.
   """
   s = decode.settings
-  n_eval = len(token_lists)
-  wanted = s.calibration_batches * s.batch_size
-  extra = list(tasks_lib.examples(task, s.split, limit=n_eval + wanted))
-  if len(extra) > n_eval:
-    token_lists = token_lists + decoding.tokenize(
-      vocab, extra[n_eval:], s.max_input_len
-    )
-    cal = decoding.batches(n_eval, len(extra), s.batch_size)
+  n_eval = len(data.token_lists)
+  token_lists = data.token_lists + data.calibration_tokens
+  if len(token_lists) > n_eval:
+    cal = decoding.batches(n_eval, len(token_lists), s.batch_size)
   else:
     cal = decoding.batches(0, n_eval, s.batch_size)
   cal = cal[: s.calibration_batches]

@@ -1,9 +1,14 @@
 """What an eval run decodes and how: `EvalSettings`, checked when built.
 
 `EvalSettings` holds every setting of `run.evaluate` except the models and
-where the files go. It is a frozen dataclass whose `__post_init__` checks
-and normalizes every field, so a bad value is a `ValueError` naming the
-field (`EvalSettings.batch_size must be an int >= 1, got 0`) raised when the
+where the files go. Its task is a built-in one (`data/tasks.py`) or any
+name in seqio's TaskRegistry or MixtureRegistry (`data/seqio_data.py`
+says which registry serves a name); T5X's `DatasetConfig.module`
+(`mixture_or_task_module`) is imported first, as T5X does.
+
+It is a frozen dataclass whose `__post_init__` checks and normalizes every
+field, so a bad value is a `ValueError` naming the field
+(`EvalSettings.batch_size must be an int >= 1, got 0`) raised when the
 settings are built: before a model loads, a task is read or a decode loop
 compiles. `gin/runs/eval.gin` builds it from the run's macros
 (`spec_eval.evaluate.settings = @spec_eval.EvalSettings()`), and
@@ -12,14 +17,16 @@ compiles. `gin/runs/eval.gin` builds it from the run's macros
 """
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from spec_decode.data import tasks as tasks_lib
+from spec_decode.data import seqio_data
 from spec_decode.t5 import vocab as vocab_lib
 
 _INTS = (int, np.integer)
@@ -85,6 +92,97 @@ def _text(name: str, value: Any, none_ok: bool = False) -> Any:
   return value
 
 
+def _modules(value: Any) -> tuple[str, ...]:
+  """T5X's `DatasetConfig.module`: imported (it registers seqio tasks)."""
+  names = [value] if isinstance(value, str) else value
+  if names is None:
+    return ()
+  if not isinstance(names, Sequence) or not all(
+    isinstance(n, str) and n for n in names
+  ):
+    raise _fail(
+      'mixture_or_task_module', 'a module name, a list of them or None', value
+    )
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # The user's module may fail in any way.
+      raise ValueError(
+        'EvalSettings.mixture_or_task_module must be importable: importing '
+        f'{name!r} failed ({type(e).__name__}: {e})'
+      ) from e
+  return tuple(names)
+
+
+def _seqio_vocabulary(value: Any) -> Any:
+  """Registers spec_decode's seqio tasks again with this vocabulary."""
+  if value is None:
+    return None
+  if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+    raise _fail('seqio_vocabulary', 'a sentencepiece .model path', value)
+  value = os.fspath(value)
+  if not seqio_data.installed():
+    raise ValueError(
+      "EvalSettings.seqio_vocabulary needs seqio: pip install -e '.[seqio]'"
+    )
+  from spec_decode.data import seqio_tasks  # pylint: disable=g-import-not-at-top
+
+  try:
+    seqio_tasks.register(vocabulary=value)
+  except (OSError, ValueError) as e:
+    raise ValueError(f'EvalSettings.seqio_vocabulary: {e}') from None
+  return value
+
+
+def _task(value: Any) -> str:
+  """A name one of the registries serves; a seqio task's vocabulary must be
+  readable (a `gs://` one offline is not)."""
+  if value is None:
+    raise ValueError(
+      'EvalSettings.task must be a task name (gin: MIXTURE_OR_TASK_NAME, or '
+      'its alias TASK), got None'
+    )
+  name = _text('task', value)
+  source = seqio_data.lookup(name)
+  if source is None:
+    raise ValueError(
+      'EvalSettings.task must be a task name: '
+      + seqio_data.unknown_task_message(name)
+    )
+  if source == seqio_data.SEQIO:
+    try:
+      seqio_data.SeqioTask(name).check_readable()
+    except (OSError, ValueError) as e:
+      raise ValueError(f'EvalSettings.task {name!r}: {e}') from None
+  return name
+
+
+def _max_decode_len(value: Any) -> int:
+  if value is None:
+    raise ValueError(
+      'EvalSettings.max_decode_len must be an int >= 1 (gin: MAX_DECODE_LEN '
+      "or TASK_FEATURE_LENGTHS['targets']), got None"
+    )
+  return _int('max_decode_len', value, 1)
+
+
+def _feature_lengths(value: Any) -> dict[str, int] | None:
+  """T5X's `{'inputs': N, 'targets': M}` (either key may be left out)."""
+  if value is None:
+    return None
+  what = "a dict {'inputs': int >= 1, 'targets': int >= 1} or None"
+  if not isinstance(value, Mapping) or not value:
+    raise _fail('task_feature_lengths', what, value)
+  out = {}
+  for key, n in value.items():
+    if key not in ('inputs', 'targets') or isinstance(n, bool):
+      raise _fail('task_feature_lengths', what, value)
+    if not isinstance(n, _INTS) or n < 1:
+      raise _fail('task_feature_lengths', what, value)
+    out[key] = int(n)
+  return out
+
+
 def _path(name: str, value: Any, also: tuple[type, ...] = ()) -> Any:
   if value is None or isinstance(value, (str, os.PathLike, *also)):
     return value
@@ -100,9 +198,14 @@ class EvalSettings:
   stored as floats.
 
   Attributes:
-    task: a `data.tasks.task_names()` name.
+    task: a built-in task (`data.tasks.task_names()`) or a seqio task or
+      mixture; `data.seqio_data.lookup` says which registry serves a name
+      (seqio's first once seqio is imported, e.g. by
+      `mixture_or_task_module`). An unknown name is an error listing both
+      registries.
     split: the split to read (`train`, `validation`, `test`).
-    num_examples: the first this many examples (None: the whole split).
+    num_examples: the first this many examples (None: the whole split); of
+      each subtask of a seqio mixture.
     batch_size: rows per decode (the paper: 1).
     gamma: an int, a list of ints (a sweep: every γ is decoded; the
       top-level results describe the first) or `'auto'` (calibrated);
@@ -112,6 +215,16 @@ class EvalSettings:
     top_p: in (0, 1]; 1.0 keeps every id.
     max_decode_len: output tokens per example at most (EOS included).
     max_input_len: inputs are cut to this many tokens (EOS included).
+    task_feature_lengths: T5X's `{'inputs': N, 'targets': M}`; a key it
+      has replaces `max_input_len` (N) or `max_decode_len` (M), and both
+      are a seqio task's `sequence_length`.
+    mixture_or_task_module: T5X's `MIXTURE_OR_TASK_MODULE`: a module (or a
+      list) imported before the task is looked up; it registers the user's
+      seqio tasks.
+    seqio_vocabulary: a sentencepiece `.model` for spec_decode's own seqio
+      tasks (`data/seqio_tasks.py`, which this registers again with it);
+      None leaves them as registered (`$SPEC_DECODE_SEQIO_VOCABULARY`, else
+      T5's `gs://` vocabulary).
     seed: example i is decoded with seed `seed + i`, plainly and
       speculatively alike.
     lenience: in (0, 1]; 1.0 is Algorithm 1. Below 1 (appendix A.5) the
@@ -123,7 +236,8 @@ class EvalSettings:
     vocabulary: a `Vocabulary` or a sentencepiece `.model` path (relative
       paths are also looked up in the repository), for a target that
       carries none; None uses the target's.
-    data_dir: the task's data directory (None: its default).
+    data_dir: a built-in task's data directory (Debian TSVs, TFDS), or the
+      TFDS data directory of seqio tasks (None: the default).
     target_name: label of the target in the report (None: its size).
     draft_name: label of the draft in the report.
     timing_repeats: repeats of each step-time measurement (medians).
@@ -132,7 +246,7 @@ class EvalSettings:
     max_auto_gamma: the largest γ auto-γ considers.
   """
 
-  task: str
+  task: str | None
   split: str = 'test'
   num_examples: int | None = 100
   batch_size: int = 1
@@ -153,10 +267,16 @@ class EvalSettings:
   calibration_batches: int = 4
   calibration_gamma: int = 4
   max_auto_gamma: int = 8
+  task_feature_lengths: dict[str, int] | None = None
+  mixture_or_task_module: str | Sequence[str] | None = None
+  seqio_vocabulary: str | None = None
 
   def __post_init__(self):
-    if self.task not in tasks_lib.task_names():
-      raise _fail('task', f'one of {tasks_lib.task_names()}', self.task)
+    # In T5X's order: the module registers tasks, then the task is found.
+    modules = _modules(self.mixture_or_task_module)
+    seqio_vocabulary = _seqio_vocabulary(self.seqio_vocabulary)
+    task = _task(self.task)
+    lengths = _feature_lengths(self.task_feature_lengths) or {}
     try:
       gamma = parse_gamma(self.gamma)
     except ValueError as e:
@@ -165,6 +285,10 @@ class EvalSettings:
     if dynamic_gamma is None or dynamic_gamma is False:
       dynamic_gamma = 0.0
     values = {
+      'mixture_or_task_module': modules,
+      'seqio_vocabulary': seqio_vocabulary,
+      'task': task,
+      'task_feature_lengths': lengths or None,
       'split': _text('split', self.split),
       'num_examples': _int('num_examples', self.num_examples, 1, True),
       'batch_size': _int('batch_size', self.batch_size, 1),
@@ -176,8 +300,10 @@ class EvalSettings:
       'top_p': _real(
         'top_p', self.top_p, lambda x: 0 < x <= 1, 'a number in (0, 1]'
       ),
-      'max_decode_len': _int('max_decode_len', self.max_decode_len, 1),
-      'max_input_len': _int('max_input_len', self.max_input_len, 1),
+      'max_decode_len': lengths.get('targets')
+      or _max_decode_len(self.max_decode_len),
+      'max_input_len': lengths.get('inputs')
+      or _int('max_input_len', self.max_input_len, 1),
       'seed': _int('seed', self.seed, None),
       'lenience': _real(
         'lenience', self.lenience, lambda x: 0 < x <= 1, 'a number in (0, 1]'
