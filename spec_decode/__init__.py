@@ -6,6 +6,8 @@ from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.generation import GenerateOutput
 from spec_decode.core.generation import SpecStats
 from spec_decode.core.generation import generate
+from spec_decode.core.pair_check import PairReport
+from spec_decode.core.pair_check import verify
 from spec_decode.core.sampling import Sampler
 from spec_decode.core.verify import ExactVerifier
 from spec_decode.core.verify import VerifyResult
@@ -27,6 +29,7 @@ __all__ = [
   'GenerateOutput',
   'Model',
   'PAD_ID',
+  'PairReport',
   'Partitioner',
   'Sampler',
   'SpecStats',
@@ -38,4 +41,5 @@ __all__ = [
   'drafters',
   'multihost',
   'generate',
+  'verify',
 ]

@@ -10,13 +10,24 @@ with it by a G-test: sequences with expected count >= 5 are their own bins,
 the rest are pooled into one; degrees of freedom = bins - 1. A test fails
 when the p-value is below 1e-3, its false-alarm rate. Any sample the target
 gives zero probability fails at once.
+
+Negative control (`ResidualDroppingVerifier`): after a rejection it samples
+the target's p instead of the residual norm(max(0, p - q)), a plausible bug
+that changes the output distribution; the same test at the same N must
+reject it.
 """
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 from conftest import tiny_config
 from scipy import stats
 
 import spec_decode as sd
+from spec_decode.core import sampling
+from spec_decode.core import verify
 from spec_decode.models.t5_model import shift_right
 
 V, M, N, BATCH = 6, 4, 24_000, 4_000
@@ -80,8 +91,11 @@ def g_test(samples: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> float:
   return float(stats.chi2.sf(g, len(obs) - 1))
 
 
-def sample_sequences(target, draft, enc, **kwargs) -> tuple[np.ndarray, list]:
-  """N speculative samples `[N, M]` and the stats of each batch."""
+def sample_sequences(
+  target, draft, enc, first_seed=0, **kwargs
+) -> tuple[np.ndarray, list]:
+  """N speculative samples `[N, M]` (seeds from `first_seed` on) and the
+  stats of each batch."""
   out, hists = [], []
   for start in range(0, N, BATCH):
     res = sd.generate(
@@ -89,9 +103,44 @@ def sample_sequences(target, draft, enc, **kwargs) -> tuple[np.ndarray, list]:
       np.repeat(enc, BATCH, 0),
       draft=draft,
       max_decode_len=M,
-      seed=np.arange(start, start + BATCH),
+      seed=np.arange(start, start + BATCH) + first_seed,
       **kwargs,
     )
     out.append(res.tokens)
     hists.append(res.stats)
   return np.concatenate(out), hists
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualDroppingVerifier:
+  """Negative control: on rejection, samples p instead of the residual."""
+
+  def __call__(
+    self,
+    p,
+    q,
+    draft_tokens,
+    uniforms,
+    bonus_keys,
+    residual_keys,
+    greedy=False,
+    num_proposed=None,
+  ):
+    exact = verify.ExactVerifier()(
+      p,
+      q,
+      draft_tokens,
+      uniforms,
+      bonus_keys,
+      residual_keys,
+      greedy,
+      num_proposed=num_proposed,
+    )
+    rows = jnp.arange(p.shape[0])
+    wrong = jax.vmap(sampling.sample)(
+      residual_keys[rows, exact.accepted], p[rows, exact.accepted]
+    )
+    num = q.shape[1] if num_proposed is None else num_proposed
+    return exact.replace(
+      next_token=jnp.where(exact.accepted >= num, exact.next_token, wrong)
+    )

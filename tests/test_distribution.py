@@ -7,13 +7,11 @@ instead of the residual norm(max(0, p - q)) (a plausible bug) produces a
 different distribution; the same test at the same N must reject it.
 """
 
-import dataclasses
 
-import jax
-import jax.numpy as jnp
 import pytest
 from _distribution_util import ENC
 from _distribution_util import FALSE_ALARM
+from _distribution_util import ResidualDroppingVerifier
 from _distribution_util import V
 from _distribution_util import exact_probs
 from _distribution_util import g_test
@@ -22,43 +20,6 @@ from _distribution_util import target_model
 from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode.core import sampling
-from spec_decode.core import verify
-
-
-@dataclasses.dataclass(frozen=True)
-class ResidualDroppingVerifier:
-  """Negative control: on rejection, samples p instead of the residual."""
-
-  def __call__(
-    self,
-    p,
-    q,
-    draft_tokens,
-    uniforms,
-    bonus_keys,
-    residual_keys,
-    greedy=False,
-    num_proposed=None,
-  ):
-    exact = verify.ExactVerifier()(
-      p,
-      q,
-      draft_tokens,
-      uniforms,
-      bonus_keys,
-      residual_keys,
-      greedy,
-      num_proposed=num_proposed,
-    )
-    rows = jnp.arange(p.shape[0])
-    wrong = jax.vmap(sampling.sample)(
-      residual_keys[rows, exact.accepted], p[rows, exact.accepted]
-    )
-    num = q.shape[1] if num_proposed is None else num_proposed
-    return exact.replace(
-      next_token=jnp.where(exact.accepted >= num, exact.next_token, wrong)
-    )
 
 
 @pytest.fixture(scope='module')

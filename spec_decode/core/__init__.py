@@ -15,5 +15,6 @@ No gin, no files, no T5 specifics. The loops talk to models only through
   placement.py       the mesh interface generate needs; host arrays
   costs.py           timing c and v(k)
   auto_gamma.py      gamma='auto' from a measured alpha and timings
+  pair_check.py      is a target/draft pair exact? (`sd.verify`)
   ids.py             pad/start, EOS and unk ids
 """
