@@ -7,7 +7,6 @@ instead of the residual norm(max(0, p - q)) (a plausible bug) produces a
 different distribution; the same test at the same N must reject it.
 """
 
-
 import pytest
 from _distribution_util import ENC
 from _distribution_util import FALSE_ALARM
