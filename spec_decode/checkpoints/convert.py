@@ -16,7 +16,6 @@ import jax
 import numpy as np
 
 from spec_decode import checkpoints
-from spec_decode.t5 import gin_file
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import T5Config
 
@@ -84,9 +83,9 @@ def main(argv=None) -> int:
       if config is not None:
         raise ValueError('pass --config or --gin_file, not both')
       search = [p for p in args.gin_search_paths.split(',') if p]
-      config = T5Config.from_gin(args.gin_file, search_paths=search)
+      model_file = T5Config.read_gin(args.gin_file, search_paths=search)
+      config = T5Config.from_model_file(model_file)
       if vocabulary is None:
-        model_file = gin_file.read(args.gin_file, search_paths=search)
         vocabulary = model_file.local_vocabulary()
     ckpt = checkpoints.read(
       args.source,

@@ -252,13 +252,19 @@ def generate(
   settings = DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
-    gamma=auto_gamma.CALIBRATION_GAMMA if auto else int(gamma),
+    # Plain decoding ignores gamma; 'auto' first decodes at the
+    # calibration gamma.
+    gamma=(
+      1
+      if draft is None
+      else auto_gamma.CALIBRATION_GAMMA
+      if auto
+      else int(gamma)
+    ),
     verifier=verifier or verify.ExactVerifier(float(lenience)),
     eos_id=eos_id,
     dynamic_gamma=tau if draft is not None else 0.0,
   )
-  if draft is None:
-    settings = dataclasses.replace(settings, gamma=1)
   mesh = placement.placement_of(model, draft)
   if mesh is not None:
     model, draft = mesh.place(model), mesh.place(draft)

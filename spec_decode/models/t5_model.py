@@ -25,7 +25,6 @@ import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode.t5 import cache as cache_lib
-from spec_decode.t5 import gin_file as gin_file_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import T5Config
@@ -175,10 +174,9 @@ class Model:
       raise ValueError('pass config or gin_file, not both')
     gin_vocab = None
     if gin_file is not None:
-      config = T5Config.from_gin(gin_file, search_paths=search_paths)
-      gin_vocab = gin_file_lib.read(
-        gin_file, search_paths=search_paths
-      ).local_vocabulary()
+      model_file = T5Config.read_gin(gin_file, search_paths=search_paths)
+      config = T5Config.from_model_file(model_file)
+      gin_vocab = model_file.local_vocabulary()
     ckpt = checkpoints.read(
       path,
       config=config,
@@ -214,11 +212,10 @@ class Model:
       search_paths: directories includes are looked up in first.
       **overrides: `T5Config` fields replaced (e.g. `vocab_size=64`).
     """
-    config = T5Config.from_gin(gin_file, search_paths=search_paths, **overrides)
+    model_file = T5Config.read_gin(gin_file, search_paths=search_paths)
+    config = T5Config.from_model_file(model_file, **overrides)
     if vocabulary is None:
-      vocabulary = gin_file_lib.read(
-        gin_file, search_paths=search_paths
-      ).local_vocabulary()
+      vocabulary = model_file.local_vocabulary()
     return cls.init(config, seed=seed, vocabulary=vocabulary)
 
   def param_axes(self) -> Any:

@@ -122,8 +122,26 @@ class T5Config:
       ValueError: what the file binds cannot make a T5Config (the message
         names the binding).
     """
+    model_file = cls.read_gin(path, bindings, search_paths)
+    return cls.from_model_file(model_file, **overrides)
+
+  @classmethod
+  def read_gin(
+    cls,
+    path: str,
+    bindings: Sequence[str] = (),
+    search_paths: Sequence[str] = (),
+  ) -> gin_file.ModelFile:
+    """Everything a model gin file binds (config fields checked against
+    ours, vocabulary), for callers that need more than the config."""
     names = [f.name for f in dataclasses.fields(cls)]
-    model_file = gin_file.read(path, bindings, search_paths, fields=names)
+    return gin_file.read(path, bindings, search_paths, fields=names)
+
+  @classmethod
+  def from_model_file(
+    cls, model_file: gin_file.ModelFile, **overrides
+  ) -> 'T5Config':
+    """The config of a read model gin file (`overrides` replace fields)."""
     fields = {**model_file.config, **overrides}
     if 'vocab_size' not in fields:
       raise ValueError(f'{model_file.path}: binds no T5Config.vocab_size')
