@@ -17,7 +17,7 @@ import sys
 # only when run: `build` needs no sentencepiece.
 COMMANDS = {
   'build': (
-    'spec_decode.data.debian',
+    'spec_decode.data.build_cli',
     'build the EnDe translation and summarization splits from Debian '
     'package descriptions',
   ),

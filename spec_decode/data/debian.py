@@ -22,6 +22,13 @@ they lie under /var/lib/apt/lists, plain or compressed (.lz4, .xz, .gz, .bz2,
 * `summarize`: English long description (paragraphs joined by a space) ->
   English synopsis. Descriptions over 512 words are dropped.
 
+The `ende` train split also takes the human translations of program
+messages that Debian installs as German gettext catalogues (`*.mo`, read by
+`gettext_pairs`), minus any pair whose English or German text is in
+validation or test; validation and test stay the descriptions' alone, so
+numbers on them do not move when packages are installed. The manifest
+counts the train pairs per source (`ende_train_sources`).
+
 Cleaning: Debian's ` .` lines separate paragraphs; the lines of a paragraph
 are joined with single spaces; bullet markers (`*`, `-`, `+`, `o`, `•`) at
 the start of an indented line become `* `; all whitespace (tabs included)
@@ -50,12 +57,11 @@ Ids are `<Description-md5>:s` (synopsis) or `<Description-md5>:p<k>`
 (paragraph k of the long description) for `ende`, `<Description-md5>` for
 `summarize`.
 
-Usage (`main`):
+Usage:
 
-  spec-decode data build --out_dir data/debian [--fetch]
+  spec-decode data build --out_dir data/debian [--fetch]   (data/build_cli.py)
 """
 
-import argparse
 import bz2
 import collections
 import dataclasses
@@ -69,11 +75,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
+
+from spec_decode.data import gettext_pairs
 
 DEFAULT_LISTS_DIR = '/var/lib/apt/lists'
 DEFAULT_OUT_DIR = os.path.join('data', 'debian')
@@ -81,7 +88,7 @@ DATA_DIR_ENV = 'SPEC_DECODE_DEBIAN_DIR'
 SPLITS = ('train', 'validation', 'test')
 TASK_DIRS = ('ende', 'summarize')
 TSV_HEADER = ('id', 'source', 'target')
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FETCH_COMMAND = 'apt-get -o Acquire::Languages=de,en update'
 BUILD_COMMAND = 'spec-decode data build --out_dir {out_dir}'
 
@@ -401,6 +408,7 @@ def build(
   out_dir: str = DEFAULT_OUT_DIR,
   lists_dir: str = DEFAULT_LISTS_DIR,
   fractions: Sequence[float] = (0.9, 0.05, 0.05),
+  catalogues: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Builds both tasks' splits into `out_dir` and returns the manifest.
 
@@ -408,6 +416,9 @@ def build(
     out_dir: the data directory to write.
     lists_dir: where the Translation-en / Translation-de files are.
     fractions: train, validation and test fractions.
+    catalogues: German gettext `.mo` files (`gettext_pairs`); their pairs
+      join the `ende` train split only, minus any whose English or German
+      text is in validation or test (which stay the descriptions' alone).
 
   Returns:
     The manifest (also written to `out_dir/manifest.json`).
@@ -438,6 +449,17 @@ def build(
   }
   for uid, en, de in ende_examples(english, german):
     splits['ende'][split_of(en, fractions)].append((uid, en, de))
+  from_descriptions = len(splits['ende']['train'])
+  mo_pairs, mo_stats = gettext_pairs.read_pairs(catalogues)
+  held_out = {
+    text
+    for split in ('validation', 'test')
+    for _, en, de in splits['ende'][split]
+    for text in (en, de)
+  } | {en for _, en, _ in splits['ende']['train']}
+  splits['ende']['train'] += [
+    row for row in mo_pairs if row[1] not in held_out and row[2] not in held_out
+  ]
   for uid, source, target, key in summarize_examples(english):
     splits['summarize'][split_of(key, fractions)].append((uid, source, target))
 
@@ -456,6 +478,17 @@ def build(
     'columns': list(TSV_HEADER),
     'counts': dict(counts),
     'descriptions': {'en': len(english), 'de': len(german)},
+    # Where the ende train pairs came from.
+    'ende_train_sources': {
+      'descriptions': from_descriptions,
+      'gettext': len(splits['ende']['train']) - from_descriptions,
+    },
+    'catalogues': {
+      'files': len(mo_stats.files),
+      'unreadable': list(mo_stats.unreadable),
+      'messages': mo_stats.messages,
+      'pairs': mo_stats.pairs,
+    },
     'sources': [
       {
         'path': os.path.abspath(p),
@@ -510,7 +543,7 @@ def ensure_built(
     return manifest
   if fetch_if_missing and not find_sources(lists_dir, 'de'):
     fetch(lists_dir)
-  return build(out_dir, lists_dir)
+  return build(out_dir, lists_dir, catalogues=gettext_pairs.find_catalogues())
 
 
 # ---------------------------------------------------------------- fetching.
@@ -551,37 +584,3 @@ def fetch(lists_dir: str = DEFAULT_LISTS_DIR, timeout: float = 600.0) -> None:
       f'(exit code {proc.returncode}); the machine may be offline or its '
       f'mirror may not publish translations. apt said:\n{tail}'
     )
-
-
-# --------------------------------------------------------------------- CLI.
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  """`spec-decode data build`: builds the data; returns the exit code."""
-  parser = argparse.ArgumentParser(
-    prog='spec-decode data build',
-    description=(
-      'Build EnDe translation and summarization splits from Debian package '
-      'descriptions.'
-    ),
-  )
-  parser.add_argument('--out_dir', default=default_data_dir())
-  parser.add_argument('--lists_dir', default=DEFAULT_LISTS_DIR)
-  parser.add_argument(
-    '--fetch',
-    action='store_true',
-    help=f'run `{FETCH_COMMAND}` first (root, network)',
-  )
-  args = parser.parse_args(argv)
-  try:
-    if args.fetch:
-      fetch(args.lists_dir)
-    manifest = build(args.out_dir, args.lists_dir)
-  except (SourceMissingError, FetchError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 1
-  print(f'wrote {args.out_dir}')
-  for task, per_split in manifest['counts'].items():
-    row = ', '.join(f'{s} {n}' for s, n in per_split.items())
-    print(f'  {task}: {row}')
-  return 0
