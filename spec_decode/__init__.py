@@ -2,6 +2,8 @@
 
 from spec_decode import drafters
 from spec_decode.checkpoints import CheckpointError
+from spec_decode.core.beam_search import BeamSearchOutput
+from spec_decode.core.beam_search import beam_search
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.generation import GenerateOutput
 from spec_decode.core.generation import SpecStats
@@ -22,6 +24,7 @@ from spec_decode.t5.config import T5Config
 from spec_decode.t5.vocab import Vocabulary
 
 __all__ = [
+  'BeamSearchOutput',
   'CheckpointError',
   'DecodeSettings',
   'EOS_ID',
@@ -38,6 +41,7 @@ __all__ = [
   'TableLM',
   'VerifyResult',
   'Vocabulary',
+  'beam_search',
   'drafters',
   'multihost',
   'generate',

@@ -51,3 +51,56 @@ class LanguageModel(Protocol):
   def rollback(self, state: DecodeState, index: jax.Array) -> DecodeState:
     """Keeps the first `index[b]` inputs of row `b`; `index`: `[B] int32`."""
     ...
+
+
+class BeamReorder(Protocol):
+  """Optional, for beam search: reorders decode-state rows by parent beam.
+
+  A language model without it is reordered by gathering every leaf of its
+  state (`beam_search.reorder_rows`); one with it can move less (a T5
+  `Model` moves its self-attention cache and keeps the encoder's keys and
+  values, equal across the beams of a row).
+  """
+
+  def reorder_beams(self, state: DecodeState, rows: jax.Array) -> DecodeState:
+    """Row i of the result is row `rows[i]` of `state`; `rows`: `[N] int32`.
+
+    `rows[i]` always decodes the same input as row i (beams of one row).
+    """
+    ...
+
+
+class TreeLanguageModel(LanguageModel, Protocol):
+  """A language model that can also score token trees (`core/tree.py`).
+
+  The tree loop needs it of the target, and `ModelDrafter` of a draft that
+  proposes trees. A tree call writes nodes into scratch slots past the
+  committed inputs and never moves the index; `commit_tree` then keeps the
+  accepted path, so rejected nodes leave no trace.
+  """
+
+  def score_tree(
+    self, state: DecodeState, tokens: jax.Array, attention: Any
+  ) -> tuple[jax.Array, DecodeState]:
+    """Scores tree nodes `tokens [B, T]` laid out by `attention`.
+
+    Args:
+      state: a decode state holding `index[b]` committed inputs.
+      tokens: `[B, T]` the nodes this call feeds.
+      attention: `core.tree.TreeAttention` (static): node t goes to scratch
+        slot `index + offset + t` at position `index + positions[offset +
+        t]`, and attends to every committed input and to the scratch slots
+        its mask row allows (its ancestors and itself).
+
+    Returns:
+      `logits [B, T, V]` float32 (the distribution after each node's path)
+      and the state, index unchanged.
+    """
+    ...
+
+  def commit_tree(
+    self, state: DecodeState, slots: jax.Array, count: jax.Array
+  ) -> DecodeState:
+    """Commits a path: scratch slot `index + slots[b, j]` becomes input
+    `index + j` for `j < count[b]`; the index advances by `count [B]`."""
+    ...

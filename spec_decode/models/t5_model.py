@@ -351,6 +351,40 @@ class Model:
     )
     return logits, features, self._constrain(state.replace(cache=cache))
 
+  def score_tree(self, state: T5DecodeState, tokens: jax.Array, attention):
+    """Scores tree nodes `tokens [B, T]` (`protocol.TreeLanguageModel`).
+
+    `attention` (a static `core.tree.TreeAttention`) places them in scratch
+    slots with their depths' positions and an ancestor mask; the index is
+    unchanged. Returns `logits [B, T, V]` and the state.
+    """
+    logits, _, state = self.score_tree_with_features(state, tokens, attention)
+    return logits, state
+
+  def score_tree_with_features(
+    self, state: T5DecodeState, tokens: jax.Array, attention
+  ):
+    """`score_tree`, plus the final hidden states `[B, T, D]` float32."""
+    logits, features, cache = self.module.apply(
+      self._decode_variables(),
+      tokens,
+      state.cross,
+      state.cache,
+      method=network.Transformer.decode,
+      return_features=True,
+      tree=attention,
+    )
+    return logits, features, self._constrain(state.replace(cache=cache))
+
+  def commit_tree(
+    self, state: T5DecodeState, slots: jax.Array, count: jax.Array
+  ) -> T5DecodeState:
+    """Moves scratch slots `index + slots[b, j]` to `index + j`, j < count,
+    and advances the index by `count` (`KVCache.commit_path`)."""
+    return self._constrain(
+      state.replace(cache=state.cache.commit_path(slots, count))
+    )
+
   def _constrain(self, state: T5DecodeState) -> T5DecodeState:
     if self.partitioner is None:
       return state
@@ -358,6 +392,14 @@ class Model:
 
   def rollback(self, state: T5DecodeState, index: jax.Array) -> T5DecodeState:
     return state.replace(cache=state.cache.rollback(index))
+
+  def reorder_beams(
+    self, state: T5DecodeState, rows: jax.Array
+  ) -> T5DecodeState:
+    """Beam search's reorder (`protocol.BeamReorder`): the self-attention
+    cache follows `rows [N]`; the encoder keys and values stay (`rows[i]`
+    decodes the same input as row i, so they are equal)."""
+    return self._constrain(state.replace(cache=state.cache.gather(rows)))
 
 
 def cpu_kernel_enabled(config: T5Config) -> bool:

@@ -10,6 +10,7 @@ attention masks by position, and are overwritten by later writes.
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -55,6 +56,48 @@ class KVCache:
     """Keeps the first `index[b]` slots of row `b` valid; `index`: `[B]`."""
     return self.replace(index=jnp.asarray(index, jnp.int32))
 
+  def commit_path(self, slots: jax.Array, count: jax.Array) -> 'KVCache':
+    """Moves an accepted tree path from scratch slots to the next slots.
+
+    Slot `index + slots[b, j]` is copied to `index + j` for `j < count[b]`
+    (every layer, keys and values), and the index advances by `count`.
+    Other scratch slots are left as they are: past the new index they are
+    invisible and overwritten later, so rejected nodes leave no trace.
+
+    Args:
+      slots: `[B, K] int32` scratch offsets of the path (relative to the
+        index), non-decreasing in j with `slots[b, j] >= j`.
+      count: `[B] int32` in [0, K], path length per row.
+    """
+    width = slots.shape[1]
+    j = jnp.arange(width, dtype=jnp.int32)[None]
+    src = self.index[:, None] + jnp.where(j < count[:, None], slots, j)
+
+    def move(buffer):
+      moved = jnp.take_along_axis(buffer, src[:, None, None, :], axis=-1)
+      return write(buffer, moved, self.index)
+
+    return KVCache(
+      keys=tuple(move(k) for k in self.keys),
+      values=tuple(move(v) for v in self.values),
+      index=self.index + jnp.asarray(count, jnp.int32),
+    )
+
+  def gather(self, rows: jax.Array) -> 'KVCache':
+    """Row i becomes row `rows[i]` (keys, values and index); `rows`: `[B]`.
+
+    Beam search reorders the cache by parent beam with it.
+    """
+
+    def take(x):
+      return jnp.take(x, rows, axis=0)
+
+    return KVCache(
+      keys=tuple(map(take, self.keys)),
+      values=tuple(map(take, self.values)),
+      index=take(self.index),
+    )
+
 
 def write(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   """Overwrites `new [B, ..., T]` into `buffer [B, ..., L]` at row offsets.
@@ -91,3 +134,32 @@ def query_positions(index: jax.Array, num_new: int) -> jax.Array:
 def causal_mask(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
   """`[B, 1, T, L]` bool: key position `<=` query position, per row."""
   return k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+
+
+def tree_layout(index: jax.Array, length: int, tree):
+  """Positions and visibility of a tree call (`core.tree.TreeAttention`).
+
+  Args:
+    index: `[B] int32` committed slots per row.
+    length: L, cache slots.
+    tree: the call's `TreeAttention` (static).
+
+  Returns:
+    `q_pos [B, T]`, `k_pos [B, L]` (a scratch slot's position is that of
+    the node it holds) and `visible [B, 1, T, L] bool`: every committed slot
+    and the scratch slots `tree.mask` allows.
+  """
+  new_pos = jnp.asarray(tree.new_positions())
+  q_pos = index[:, None] + new_pos[None]
+  width = tree.offset + tree.num_new
+  slots = jnp.arange(length, dtype=jnp.int32)[None]
+  rel = slots - index[:, None]  # [B, L]
+  in_tree = (rel >= 0) & (rel < width)
+  rel_c = jnp.clip(rel, 0, width - 1)
+  slot_pos = jnp.asarray(np.asarray(tree.positions, np.int32))[rel_c]
+  k_pos = jnp.where(rel < 0, slots, index[:, None] + slot_pos)
+  mask = jnp.asarray(tree.mask_array())[:, rel_c]  # [T, B, L]
+  visible = (rel < 0)[:, None, :] | (
+    in_tree[:, None, :] & jnp.transpose(mask, (1, 0, 2))
+  )
+  return q_pos, k_pos, visible[:, None]
