@@ -48,6 +48,17 @@ class TableLM:
     logits = jnp.take(self.table, tokens, axis=0).astype(jnp.float32)
     return logits, state.replace(index=state.index + tokens.shape[1])
 
+  def score_tree(self, state: TableState, tokens: jax.Array, attention):
+    """Tree nodes: a node's logits depend on its own token only."""
+    del attention
+    return jnp.take(self.table, tokens, axis=0).astype(jnp.float32), state
+
+  def commit_tree(
+    self, state: TableState, slots: jax.Array, count: jax.Array
+  ) -> TableState:
+    del slots
+    return state.replace(index=state.index + jnp.asarray(count, jnp.int32))
+
   def rollback(self, state: TableState, index: jax.Array) -> TableState:
     return state.replace(index=jnp.asarray(index, jnp.int32))
 

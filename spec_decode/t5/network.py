@@ -36,6 +36,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_decode.core.tree import TreeAttention
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5.config import T5Config
@@ -421,12 +422,19 @@ class Decoder(nn.Module):
     cache: cache_lib.KVCache | None = None,
     deterministic: bool = True,
     return_features: bool = False,
+    tree: TreeAttention | None = None,
   ):
     """Decoder inputs `tokens [B, T]` -> float32 logits `[B, T, V]`.
 
     Without a cache the T tokens are the whole (teacher-forced) prefix, at
     positions 0..T-1. With a cache they go at positions `cache.index[b] + t`,
     and the updated cache (index advanced by T) is returned too.
+
+    With `tree` (a `core.tree.TreeAttention`; needs a cache) the tokens are
+    tree nodes: written to scratch slots `index + tree.offset + t`, at
+    positions `index + tree.positions[...]` (relative-position bias from a
+    node's depth), attending to every committed slot and to the scratch
+    slots `tree.mask` allows (their ancestors); the index is unchanged.
 
     Returns:
       `(logits, cache)`, `cache` None without one; with `return_features`,
@@ -440,15 +448,18 @@ class Decoder(nn.Module):
       q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
       k_pos = q_pos
       index = None
+    elif tree is not None:
+      index = cache.index
+      q_pos, k_pos, visible = cache_lib.tree_layout(index, cache.length, tree)
     else:
       index = cache.index
       q_pos = cache_lib.query_positions(index, t)
       k_pos = jnp.broadcast_to(
         jnp.arange(cache.length, dtype=jnp.int32), (b, cache.length)
       )
-    self_bias = self.relpos_bias(q_pos, k_pos) + _mask_to_bias(
-      cache_lib.causal_mask(q_pos, k_pos)
-    )
+    if tree is None:
+      visible = cache_lib.causal_mask(q_pos, k_pos)
+    self_bias = self.relpos_bias(q_pos, k_pos) + _mask_to_bias(visible)
     cross_bias = _mask_to_bias(cross.encoder_valid[:, None, None, :])
 
     x = _dropout(self, self.shared_embedding(tokens), deterministic)
@@ -462,7 +473,7 @@ class Decoder(nn.Module):
         cross.values[i],
         cross_bias,
         kv,
-        index,
+        index if tree is None else index + tree.offset,
         deterministic,
       )
       new_k.append(k)
@@ -477,7 +488,9 @@ class Decoder(nn.Module):
     new_cache = None
     if cache is not None:
       new_cache = cache_lib.KVCache(
-        keys=tuple(new_k), values=tuple(new_v), index=index + t
+        keys=tuple(new_k),
+        values=tuple(new_v),
+        index=index if tree is not None else index + t,
       )
     if return_features:
       return logits, x.astype(jnp.float32), new_cache
@@ -509,9 +522,12 @@ class Transformer(nn.Module):
     cache=None,
     deterministic: bool = True,
     return_features: bool = False,
+    tree: TreeAttention | None = None,
   ):
     """See `Decoder.__call__`."""
-    return self.decoder(tokens, cross, cache, deterministic, return_features)
+    return self.decoder(
+      tokens, cross, cache, deterministic, return_features, tree
+    )
 
   def __call__(
     self,
