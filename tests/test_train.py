@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 
 import jax
@@ -11,6 +12,7 @@ from conftest import tiny_config
 
 import gin
 from spec_decode import gin_cli
+from spec_decode.core import generation
 from spec_decode.data import debian
 from spec_decode.data import spm_trainer
 from spec_decode.data import tasks
@@ -343,6 +345,54 @@ def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path, vocab_file):
   assert jax.tree.leaves(as_fp32.params)[0].dtype == np.float32
 
 
+def test_sequence_distillation_trains_on_the_teacher_greedy_outputs(
+  tmp_path, vocab_file
+):
+  teacher_dir = _random_teacher(tmp_path / 'teacher', vocab_file)
+  student_dir = tmp_path / 'student'
+  run = _train(
+    student_dir,
+    vocab_file,
+    train_steps=1,
+    train_examples=8,
+    model_config=_config(emb_dim=16, num_decoder_layers=1),
+    teacher_path=teacher_dir,
+    distill_targets='teacher_greedy',
+  )
+  assert run.stopped == 'done'
+  cached = np.load(student_dir / 'teacher_greedy.npz')
+  teacher = t5_model.Model.load(teacher_dir, dtype='float32')
+  vocab = teacher.vocabulary
+  pairs = common.tokenize_split('synthetic_tiny', 'train', vocab, 8)
+  enc = np.zeros((1, 64), np.int32)
+  enc[0, : len(pairs[3][0])] = pairs[3][0]
+  want = generation.generate(teacher, enc, max_decode_len=64)
+  n = int(want.lengths[0])
+  np.testing.assert_array_equal(
+    cached['outputs'][3, :n], np.asarray(want.tokens)[0, :n]
+  )
+  with pytest.raises(ValueError, match='needs a teacher_path'):
+    _train(tmp_path / 'x', vocab_file, distill_targets='teacher_greedy')
+  with pytest.raises(ValueError, match='distill_targets must be'):
+    _train(tmp_path / 'x', vocab_file, distill_targets='soft')
+
+
+def test_several_tasks_train_one_model_on_both(tmp_path, vocab_file, capsys):
+  run = _train(
+    tmp_path / 'both',
+    vocab_file,
+    train_steps=1,
+    train_examples=12,
+    task='synthetic_tiny+synthetic_tiny_summarize',
+  )
+  assert run.stopped == 'done'
+  # 12 examples asked for, 6 from each task (some may be over the bucket).
+  kept, dropped = re.search(
+    r'(\d+) train examples \((\d+) over', capsys.readouterr().out
+  ).groups()
+  assert int(kept) + int(dropped) == 12
+
+
 def test_distillation_rejects_another_vocabulary(tmp_path, vocab_file):
   other = tmp_path / 'other.model'
   other.write_bytes(
@@ -378,7 +428,9 @@ def clean_gin():
 )
 def test_train_configs_parse(clean_gin, name, model_file):
   gin_cli.parse([name], ["MODEL_DIR = '/tmp/x'"])
-  assert gin.query_parameter('lm.train.task') == 'debian_ende'
+  assert gin.query_parameter('lm.train.task') == (
+    'debian_ende+debian_summarize'
+  )
   assert gin_cli.macro('MODEL_DIR') == '/tmp/x'
   assert gin_cli.binds(lm.train) and not gin_cli.binds(train_heads.train_heads)
   cfg = gin.get_configurable(T5Config)()

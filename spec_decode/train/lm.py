@@ -55,6 +55,7 @@ from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import T5Config
 from spec_decode.train import common
+from spec_decode.train import greedy
 
 MODEL_DIR = 'model'
 
@@ -205,7 +206,7 @@ def train(
   model_dir: str,
   model_config: T5Config,
   vocabulary_file: str | None = None,
-  task: str = 'debian_ende',
+  task: str | Sequence[str] = 'debian_ende',
   data_dir: str | None = None,
   train_steps: int = 1000,
   buckets: Sequence[Sequence[int]] = DEFAULT_BUCKETS,
@@ -219,6 +220,7 @@ def train(
   teacher_path: str | None = None,
   distill_weight: float = 1.0,
   distill_temperature: float = 1.0,
+  distill_targets: str = 'references',
   eval_every: int = 200,
   eval_examples: int = 256,
   checkpoint_every: int = 200,
@@ -238,7 +240,10 @@ def train(
     vocabulary_file: a sentencepiece `.model` (T5 ids, 100 extra ids); a
       relative path is also looked up in the repository
       (`paths.resolve`). Required.
-    task: a `tasks.task_names()` name.
+    task: a `tasks.task_names()` name, or several (a sequence, or names
+      joined by `+`): their splits are concatenated, so each task weighs
+      in proportion to its size, and the inputs' task prefixes tell them
+      apart (one model for translation and summarization).
     data_dir: the task's data directory (None: the default).
     train_steps: total optimizer steps.
     buckets: `(input_len, target_len, batch_size)` batch shapes.
@@ -254,6 +259,10 @@ def train(
       share the vocabulary).
     distill_weight: weight `w` of the KL term (1.0: pure distillation).
     distill_temperature: softmax temperature of the soft targets.
+    distill_targets: with a teacher, what the student is trained on:
+      `references` (the task's targets) or `teacher_greedy` (the teacher's
+      own greedy outputs for the train inputs: sequence-level distillation,
+      decoded once and cached in `<model_dir>/teacher_greedy.npz`).
     eval_every: steps between validation losses (0: only at the end).
     eval_examples: validation examples scored.
     checkpoint_every: steps between checkpoints.
@@ -282,16 +291,26 @@ def train(
     )
   if vocabulary is None:
     raise ValueError('train needs vocabulary_file (a sentencepiece model)')
-  task_obj = tasks_lib.get_task(task, data_dir)
-  train_data = common.BucketedData(
-    common.tokenize_split(task_obj, 'train', vocabulary, train_examples),
-    buckets,
-    seed,
-  )
+  task_names = task.split('+') if isinstance(task, str) else list(task)
+  if distill_targets not in ('references', 'teacher_greedy'):
+    raise ValueError(
+      "distill_targets must be 'references' or 'teacher_greedy', got "
+      f'{distill_targets!r}'
+    )
+  if distill_targets == 'teacher_greedy' and not teacher_path:
+    raise ValueError("distill_targets='teacher_greedy' needs a teacher_path")
+  task_objs = [tasks_lib.get_task(name, data_dir) for name in task_names]
+
+  def tokenized(split, limit):
+    per_task = limit and -(-limit // len(task_objs))
+    return [
+      ex
+      for t in task_objs
+      for ex in common.tokenize_split(t, split, vocabulary, per_task)
+    ]
+
   eval_data = common.BucketedData(
-    common.tokenize_split(task_obj, 'validation', vocabulary, eval_examples),
-    buckets,
-    seed,
+    tokenized('validation', eval_examples), buckets, seed
   )
   eval_batches = eval_data.all_batches()
 
@@ -310,6 +329,14 @@ def train(
       jax.tree.map(jnp.asarray, teacher.params),
     )
     settings = dataclasses.replace(settings, distill_weight=distill_weight)
+
+  if distill_targets == 'teacher_greedy':
+    train_examples_list = _teacher_greedy_examples(
+      teacher, tokenized('train', train_examples), buckets, model_dir, progress
+    )
+  else:
+    train_examples_list = tokenized('train', train_examples)
+  train_data = common.BucketedData(train_examples_list, buckets, seed)
 
   config = model_config.replace(param_dtype=jnp.float32)
   optimizer = common.make_optimizer(
@@ -396,6 +423,31 @@ def train(
     flush=True,
   )
   return TrainResult(int(run.state.step), loss, val, run.stopped, model_path)
+
+
+def _teacher_greedy_examples(
+  teacher: t5_model.Model,
+  examples: list[tuple[np.ndarray, np.ndarray]],
+  buckets: Sequence[Sequence[int]],
+  model_dir: str,
+  progress: bool,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+  """The train inputs with the teacher's greedy outputs as targets."""
+  spec = common.make_buckets(buckets)
+  # Rows per decode: the largest bucket's batch times 4 (decoding holds no
+  # gradients), at most 512.
+  batch_size = min(512, 4 * max(b.batch_size for b in spec))
+  inputs = [x for x, _ in examples]
+  outputs = greedy.greedy_outputs(
+    teacher,
+    inputs,
+    sorted({b.input_len for b in spec}),
+    max(b.target_len for b in spec),
+    batch_size,
+    os.path.join(model_dir, 'teacher_greedy.npz'),
+    progress,
+  )
+  return [(x, y) for x, y in zip(inputs, outputs, strict=True) if y is not None]
 
 
 def export_model(
