@@ -70,7 +70,10 @@ def test_there_are_gin_files():
   names = {_relative(p) for p in GIN_FILES}
   assert 'gin/runs/eval.gin' in names
   assert 'configs/demo_debian_ende.gin' in names
-  assert len([n for n in names if n.startswith('configs/table2_')]) == 12
+  table2 = [n for n in names if n.startswith('configs/table2_')]
+  assert len([n for n in table2 if not n.endswith('_beam.gin')]) == 12
+  # Beam-search siblings of the temperature-0 rows (decoding/beam.gin).
+  assert len([n for n in table2 if n.endswith('_beam.gin')]) == 6
 
 
 @pytest.mark.parametrize('path', GIN_FILES, ids=_relative)
@@ -139,6 +142,7 @@ SETTINGS_MACROS = {
   'DYNAMIC_GAMMA': 'dynamic_gamma', 'DATA_DIR': 'data_dir',
   'TARGET_NAME': 'target_name', 'DRAFT_NAME': 'draft_name',
   'TIMING_REPEATS': 'timing_repeats',
+  'NUM_BEAMS': 'num_beams', 'BEAM_ALPHA': 'beam_alpha',
   'CALIBRATION_BATCHES': 'calibration_batches',
   'CALIBRATION_GAMMA': 'calibration_gamma',
   'MAX_AUTO_GAMMA': 'max_auto_gamma',

@@ -1,12 +1,14 @@
 """Batches of an eval run decoded and timed, and the step costs c and v.
 
-`Decoder` runs `sd.generate` plainly or speculatively on a batch, compiling
-each new input shape once untimed first, so that walltimes exclude compile
-time; `batch_arrays` pads a batch of tokenized inputs to a bucketed width;
+`Decoder` runs `sd.generate` plainly or speculatively on a batch (or
+`sd.beam_search`, for `decode_method='beam'`), compiling each new input
+shape once untimed first, so that walltimes exclude compile time;
+`batch_arrays` pads a batch of tokenized inputs to a bucketed width;
 `row_spec_record` reads one row's acceptance counts from `SpecStats`;
 `measure_costs` times draft and target steps (`costs.measure`).
 """
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -90,18 +92,45 @@ def measure_costs(
   return costs_lib.measure(target, draft, ks, batch, repeats, settings)
 
 
+@dataclasses.dataclass(frozen=True)
+class BeamDecode:
+  """A beam-search decode as the run reads it: the best beam of each row.
+
+  Attributes:
+    tokens: `[B, M]` the best beam's tokens (pad after EOS).
+    lengths: `[B]` its output tokens, EOS included.
+    beams: the whole `sd.BeamSearchOutput` (`[B, K, ...]`, best first).
+    stats: None (plain beam search has no acceptance statistics).
+  """
+
+  tokens: np.ndarray
+  lengths: np.ndarray
+  beams: sd.BeamSearchOutput
+  stats: Any = None
+
+
 class Decoder:
   """Runs and times `sd.generate`, compiling each new shape untimed first.
 
   Attributes:
     target: the target model.
     draft: the draft (model or drafter).
-    settings: the run's settings (sampling, lengths, lenience, dynamic γ).
+    settings: the run's settings (sampling or beams, lengths, lenience,
+      dynamic γ).
   """
 
   def __init__(
     self, target: Any, draft: Any, settings: settings_lib.EvalSettings
   ):
+    if settings.beam and draft is not None:
+      # Checked here, before the first batch decodes: a beam run's
+      # speculative side would be speculative beam search.
+      raise NotImplementedError(
+        "decode_method='beam' compares plain beam search with speculative "
+        'beam search, which needs the token trees of issue 14 and is not '
+        'built yet; plain beam search alone: sd.beam_search, or '
+        'eval.decoding.Decoder(target, None, settings)'
+      )
     self.target = target
     self.draft = draft
     self.settings = settings
@@ -121,6 +150,8 @@ class Decoder:
       The `sd.generate` output and the seconds it took.
     """
     s = self.settings
+    if s.beam:
+      return self._beam(enc, timed)
     kw = dict(s.sampling(), max_decode_len=s.max_decode_len, seed=seeds)
     if gamma is not None:
       kw.update(
@@ -136,6 +167,23 @@ class Decoder:
     t0 = time.perf_counter()
     out = sd.generate(self.target, enc, **kw)
     return out, time.perf_counter() - t0
+
+  def _beam(self, enc: np.ndarray, timed: bool) -> tuple[BeamDecode, float]:
+    """Plain beam search of a batch (compiled untimed first), timed."""
+    s = self.settings
+    kw = dict(
+      num_beams=s.num_beams,
+      alpha=s.beam_alpha,
+      max_decode_len=s.max_decode_len,
+    )
+    key = (enc.shape, 'beam')
+    if timed and key not in self._seen:
+      sd.beam_search(self.target, enc, **kw)  # Warm-up: compile.
+    self._seen.add(key)
+    t0 = time.perf_counter()
+    out = sd.beam_search(self.target, enc, **kw)
+    seconds = time.perf_counter() - t0
+    return BeamDecode(out.tokens[:, 0], out.lengths[:, 0], out), seconds
 
   def costs(self, ks: Sequence[int], gamma: int) -> dict[str, Any]:
     """`measure_costs` of the pair at the run's batch size and sampling."""

@@ -18,6 +18,7 @@ compiles. `gin/runs/eval.gin` builds it from the run's macros
 
 import dataclasses
 import importlib
+import math
 import os
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -183,6 +184,33 @@ def _feature_lengths(value: Any) -> dict[str, int] | None:
   return out
 
 
+DECODE_METHODS = ('greedy', 'sample', 'beam')
+
+
+def _decode_method(value: Any, temperature: float, top_k, top_p) -> str:
+  """The decode method, checked against the sampling settings."""
+  if value is None:
+    return 'greedy' if temperature == 0 else 'sample'
+  if value not in DECODE_METHODS:
+    raise _fail('decode_method', f'one of {DECODE_METHODS} or None', value)
+  if value == 'sample' and temperature == 0:
+    raise ValueError(
+      "EvalSettings.decode_method 'sample' needs a temperature > 0 "
+      '(TEMPERATURE), got 0'
+    )
+  if value != 'sample' and temperature != 0:
+    raise ValueError(
+      f'EvalSettings.decode_method {value!r} needs temperature 0 '
+      f'(TEMPERATURE), got {temperature!r}'
+    )
+  if value == 'beam' and (top_k != 0 or top_p != 1.0):
+    raise ValueError(
+      "EvalSettings.decode_method 'beam' takes no top_k/top_p, got "
+      f'top_k={top_k!r}, top_p={top_p!r}'
+    )
+  return value
+
+
 def _path(name: str, value: Any, also: tuple[type, ...] = ()) -> Any:
   if value is None or isinstance(value, (str, os.PathLike, *also)):
     return value
@@ -213,6 +241,13 @@ class EvalSettings:
     temperature: >= 0; 0 is greedy.
     top_k: >= 0; 0 keeps every id.
     top_p: in (0, 1]; 1.0 keeps every id.
+    decode_method: `'greedy'`, `'sample'` or `'beam'` (T5X's beam search,
+      `sd.beam_search`); None (the default) is `'greedy'` at temperature 0
+      and `'sample'` above. `'greedy'` needs temperature 0, `'sample'` a
+      temperature > 0, `'beam'` temperature 0 and no top-k/top-p (beam
+      search is deterministic).
+    num_beams: beams of `'beam'` (T5X's `num_decodes`), >= 1.
+    beam_alpha: brevity-penalty exponent of `'beam'`, >= 0 (T5X's 0.6).
     max_decode_len: output tokens per example at most (EOS included).
     max_input_len: inputs are cut to this many tokens (EOS included).
     task_feature_lengths: T5X's `{'inputs': N, 'targets': M}`; a key it
@@ -270,6 +305,9 @@ class EvalSettings:
   task_feature_lengths: dict[str, int] | None = None
   mixture_or_task_module: str | Sequence[str] | None = None
   seqio_vocabulary: str | None = None
+  decode_method: str | None = None
+  num_beams: int = 4
+  beam_alpha: float = 0.6
 
   def __post_init__(self):
     # In T5X's order: the module registers tasks, then the task is found.
@@ -327,8 +365,26 @@ class EvalSettings:
       'calibration_gamma': _int('calibration_gamma', self.calibration_gamma, 1),
       'max_auto_gamma': _int('max_auto_gamma', self.max_auto_gamma, 1),
     }
+    values['decode_method'] = _decode_method(
+      self.decode_method,
+      values['temperature'],
+      values['top_k'],
+      values['top_p'],
+    )
+    values['num_beams'] = _int('num_beams', self.num_beams, 1)
+    values['beam_alpha'] = _real(
+      'beam_alpha',
+      self.beam_alpha,
+      lambda x: 0 <= x < math.inf,
+      'a finite number >= 0',
+    )
     for name, value in values.items():
       object.__setattr__(self, name, value)
+
+  @property
+  def beam(self) -> bool:
+    """Whether the run decodes with beam search."""
+    return self.decode_method == 'beam'
 
   @property
   def exact_algorithm(self) -> bool:
@@ -355,4 +411,10 @@ class EvalSettings:
       'seed': self.seed,
       'lenience': self.lenience,
       'dynamic_gamma': self.dynamic_gamma,
+      'decode_method': self.decode_method,
+      **(
+        {'num_beams': self.num_beams, 'beam_alpha': self.beam_alpha}
+        if self.beam
+        else {}
+      ),
     }
