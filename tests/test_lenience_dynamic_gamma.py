@@ -206,16 +206,29 @@ def test_bad_dynamic_gamma_is_rejected(target):
 # ----------------------------------------------------------------- auto gamma
 
 
-def test_auto_gamma_chooses_and_reports(target):
+def test_auto_gamma_decodes_once_and_reports(target, tmp_path, monkeypatch):
+  """gamma='auto' is one decode whose iterations pick their gamma; with
+  draft == target (alpha 1) the largest gamma pays whenever drafting does."""
+  monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path))
   enc = encoder_batch(4, 7, target.vocab_size, seed=3)
   plain = sd.generate(target, enc, max_decode_len=12)
-  out = sd.generate(target, enc, draft=target, gamma='auto', max_decode_len=12)
+  out = sd.generate(
+    target,
+    enc,
+    draft=target,
+    gamma='auto',
+    max_decode_len=12,
+    max_auto_gamma=2,
+  )
   np.testing.assert_array_equal(out.tokens, plain.tokens)
   choice = out.gamma_choice
-  assert choice['alpha'] == pytest.approx(1.0)
-  assert 1 <= choice['gamma'] <= 8 and out.stats.gamma == choice['gamma']
-  assert choice['c'] > 0 and set(choice['v_of_k']) == set(range(1, 10))
-  assert choice['predicted_improvement'] > 0
+  assert out.stats.gamma == choice['max_gamma'] == 2
+  seconds = choice['iteration_seconds']
+  assert set(seconds) == {0, 1, 2} and all(s > 0 for s in seconds.values())
+  assert sum(choice['gamma_iterations'].values()) == out.stats.target_calls
+  assert out.stats.per_position_acceptance[
+    out.stats.row_position_tries.sum(0) > 0
+  ] == pytest.approx(1.0)
 
 
 def test_bad_gamma_string_is_rejected(target):

@@ -1,68 +1,211 @@
-"""Auto-gamma for `generate(..., gamma='auto')`: calibrate, then choose.
+"""gamma='auto': the cost model the in-loop policy reads, measured once.
 
-`generate` runs a calibration decode of the batch at `CALIBRATION_GAMMA`
-and passes the alpha it measured (the mean of beta over tested positions);
-this module never decodes. c and v(k) are timed (`costs.measure`,
-cached per target, draft and batch size: they do not depend on the inputs);
-`theory.choose_gamma` maximizes the generalized Theorem 3.8 over them.
+`gamma_policy` picks each iteration's gamma from the running acceptance
+estimate and `seconds[g]`, the walltime of one loop iteration at gamma g
+(g = 0: a plain target step). Those are measured on the compiled auto loop
+itself, forced to each gamma for a few iterations (`PolicyInputs`
+`forced_gamma`, `max_iterations`: run-time values, so the decode that
+follows reuses the same program): what the loop really pays per iteration
+in context, target call v(g + 1, B), g draft steps c(B), the loop's own work
+and the cache eviction between the two models included. The timing decodes
+use their own keys, never the decode's.
+
+The measurement depends on the models' shapes, the batch size, the settings
+and the device, not on weights or inputs, so it is cached under a key of
+those: in memory and as a JSON file per key in `cache_dir()`
+(`$SPEC_DECODE_CACHE_DIR`, default `~/.cache/spec_decode/costs`): a second
+process does not measure again. This is the engine's one file (a cache of
+measurements).
 """
 
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import theory
-from spec_decode.core import costs
-from spec_decode.core import sampling
+from spec_decode.core import gamma_policy
+from spec_decode.core import loops
 from spec_decode.core.decode_settings import DecodeSettings
 
-CALIBRATION_GAMMA = 4
 MAX_GAMMA = 8
-_REPEATS = 5
-_cost_cache: dict[tuple[int, int, int], dict[str, Any]] = {}
+# Iterations per timing decode, and timed repeats (medians).
+TIMING_ITERATIONS = 16
+REPEATS = 3
+# The timing decodes' seed (their draws are theirs, not the decode's).
+_TIMING_SEED = 0x5EED
+_memory: dict[str, list[float]] = {}
 
 
-def choose(
+def cache_dir() -> str:
+  return os.environ.get('SPEC_DECODE_CACHE_DIR') or os.path.join(
+    os.path.expanduser('~'), '.cache', 'spec_decode', 'costs'
+  )
+
+
+def zero_allowed(draft: Any) -> bool:
+  """Gamma 0 is a candidate: `draft` is a language model (the loop catches
+  it up) or a drafter without state."""
+  return loops.zero_gamma_ok(draft)
+
+
+def _shapes(tree: Any) -> list:
+  leaves, treedef = jax.tree.flatten(tree)
+  return [
+    type(tree).__name__,
+    treedef.num_leaves,
+    [
+      [list(np.shape(x)), str(getattr(x, 'dtype', type(x).__name__))]
+      for x in leaves
+    ],
+  ]
+
+
+def describe(
+  target: Any, draft: Any, settings: DecodeSettings, batch: int
+) -> dict[str, Any]:
+  """What the measured costs depend on (the cache key's contents)."""
+  devices = jax.devices()
+  return {
+    'target': _shapes(target),
+    'draft': _shapes(draft),
+    'batch': int(batch),
+    'settings': repr(settings),
+    'device': [
+      devices[0].platform,
+      devices[0].device_kind,
+      len(devices),
+      platform.node(),
+      platform.machine(),
+    ],
+    'environment': sorted(
+      (k, v)
+      for k, v in os.environ.items()
+      if k.startswith('SPEC_DECODE_') and k != 'SPEC_DECODE_CACHE_DIR'
+    ),
+    'jax': jax.__version__,
+  }
+
+
+def cache_key(description: dict[str, Any]) -> str:
+  text = json.dumps(description, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _run(target, draft, enc, keys, settings, policy):
+  out = loops.speculative_decode_jit(
+    target, draft, enc, keys, settings=settings, policy=policy
+  )
+  jax.block_until_ready(out)
+  return out
+
+
+def _median_seconds(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def measure(
   target: Any,
   draft: Any,
-  alpha: float,
-  batch: int,
-  sampler: sampling.Sampler,
-  *,
-  max_gamma: int = MAX_GAMMA,
-) -> dict[str, Any]:
-  """Times c and v(k) (cached) and picks gamma for a measured `alpha`.
+  encoder_tokens: jax.Array,
+  settings: DecodeSettings,
+  repeats: int = REPEATS,
+  iterations: int = TIMING_ITERATIONS,
+) -> list[float]:
+  """Seconds of one auto-loop iteration at each gamma 0..G, `[G + 1]`.
+
+  Each forced-gamma decode runs at most `iterations` iterations (fewer when
+  its rows end sooner); its time less that of a decode of 0 iterations
+  (setup and outputs), over the iterations it ran. A gamma that is not a
+  candidate gets `inf`.
 
   Args:
-    target: the target language model.
-    draft: the draft (language model or drafter).
-    alpha: the acceptance rate measured by a calibration decode.
-    batch: rows per decode (the timings depend on it).
-    sampler: the decode's logits -> distribution map.
-    max_gamma: the largest gamma considered.
+    target: the target.
+    draft: the draft (model or drafter).
+    encoder_tokens: `[B, S]` inputs with the decode's shapes (placed as the
+      decode places them).
+    settings: the auto decode's settings (`gamma_policy` set, gamma = G).
+    repeats: timed repeats per gamma (medians).
+    iterations: iterations per timing decode.
+  """
+  batch = encoder_tokens.shape[0]
+  base = jax.random.key(_TIMING_SEED)
+  keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(
+    jnp.arange(batch, dtype=jnp.uint32)
+  )
+  g_max = settings.gamma
+  candidates = range(0 if zero_allowed(draft) else 1, g_max + 1)
+
+  def policy(g: int, limit: int):
+    return gamma_policy.PolicyInputs.create(
+      np.ones(g_max + 1), forced_gamma=g, max_iterations=limit
+    )
+
+  run = lambda p: _run(target, draft, encoder_tokens, keys, settings, p)  # noqa: E731
+  run(policy(1, 1))  # compile (the decode reuses the program)
+  empty = policy(0, 0)
+  setup = _median_seconds(lambda: run(empty), repeats)
+  seconds = [math.inf] * (g_max + 1)
+  for g in candidates:
+    p = policy(g, iterations)
+    _, _, counters = run(p)
+    ran = int(np.asarray(counters.iterations).max(initial=0))
+    total = _median_seconds(lambda p=p: run(p), repeats)
+    seconds[g] = max(total - setup, 1e-9) / max(ran, 1)
+  return seconds
+
+
+def iteration_seconds(
+  target: Any,
+  draft: Any,
+  encoder_tokens: jax.Array,
+  settings: DecodeSettings,
+  use_disk: bool = True,
+) -> tuple[list[float], dict[str, Any]]:
+  """`measure`'s seconds for this setting, from the caches when there.
 
   Returns:
-    `{'gamma', 'alpha', 'c', 'v_of_k', 'predicted_improvement',
-    'calibration_gamma'}`.
+    seconds `[G + 1]`, and `{'key', 'path', 'measured'}`: the cache key,
+    the cache file (None without `use_disk`) and whether it was measured
+    now.
   """
-  alpha = float(np.clip(alpha, 0.0, 1.0))
-  key = (id(target), id(draft), batch)
-  if key not in _cost_cache:
-    settings = DecodeSettings(
-      max_decode_len=1, sampler=sampler, gamma=CALIBRATION_GAMMA
-    )
-    _cost_cache[key] = costs.measure(
-      target, draft, range(1, max_gamma + 2), batch, _REPEATS, settings
-    )
-  measured = _cost_cache[key]
-  choice = theory.choose_gamma(
-    alpha, measured['c'], measured['v_of_k'], max_gamma=max_gamma
-  )
-  return {
-    'gamma': int(choice.gamma),
-    'alpha': alpha,
-    'c': float(measured['c']),
-    'v_of_k': {int(k): float(v) for k, v in measured['v_of_k'].items()},
-    'predicted_improvement': float(choice.improvement),
-    'calibration_gamma': CALIBRATION_GAMMA,
-  }
+  desc = describe(target, draft, settings, encoder_tokens.shape[0])
+  key = cache_key(desc)
+  path = os.path.join(cache_dir(), key + '.json') if use_disk else None
+  info = {'key': key, 'path': path, 'measured': False}
+  if key in _memory:
+    return list(_memory[key]), info
+  if path is not None and os.path.exists(path):
+    try:
+      with open(path) as f:
+        stored = json.load(f)
+      if stored.get('description') == json.loads(json.dumps(desc)):
+        _memory[key] = [
+          math.inf if s is None else float(s) for s in stored['seconds']
+        ]
+        return list(_memory[key]), info
+    except (OSError, ValueError, KeyError):
+      pass  # An unreadable entry is measured again and rewritten.
+  seconds = measure(target, draft, encoder_tokens, settings)
+  _memory[key] = seconds
+  info['measured'] = True
+  if path is not None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'w') as f:
+      finite = [s if math.isfinite(s) else None for s in seconds]
+      json.dump({'description': desc, 'seconds': finite}, f, indent=1)
+    os.replace(tmp, path)
+  return seconds, info

@@ -14,11 +14,14 @@ class DecodeSettings:
   Attributes:
     max_decode_len: M, output tokens per row at most (EOS included).
     sampler: logits -> distribution, shared by draft and target.
-    gamma: G, draft tokens per iteration (speculative only).
+    gamma: G, draft tokens per iteration (speculative only); with
+      `gamma_policy`, the largest gamma the policy may pick.
     verifier: Algorithm 1 or a variant with the same signature.
     eos_id: end-of-sequence id.
     dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
       where its confidence drops below tau (`drafters.model_drafter`).
+    gamma_policy: gamma='auto': every iteration picks its gamma in
+      {0, ..., G} at run time (`core.gamma_policy`).
   """
 
   max_decode_len: int
@@ -27,6 +30,7 @@ class DecodeSettings:
   verifier: verify.Verifier = verify.ExactVerifier()
   eos_id: int = EOS_ID
   dynamic_gamma: float = 0.0
+  gamma_policy: bool = False
 
   @property
   def buffer_len(self) -> int:

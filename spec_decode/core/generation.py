@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.core import auto_gamma
+from spec_decode.core import gamma_policy
 from spec_decode.core import loops
 from spec_decode.core import placement
 from spec_decode.core import sampling
+from spec_decode.core import tree_generate
 from spec_decode.core import verify
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
@@ -38,7 +40,9 @@ class SpecStats:
   `row_alpha`, `row_tokens_per_call`, and the raw counts behind them,
   `row_position_tries [B, G]`, `row_position_accepts [B, G]` (per position:
   iterations that tested / accepted it), `row_beta_sum [B]` and
-  `row_proposed [B]`.
+  `row_proposed [B]`; with gamma='auto', `row_gamma_histogram [B, G + 1]`
+  (iterations run at each gamma while the row was active; G is then the
+  largest gamma, and `accepted_histogram` counts drafting iterations only).
   """
 
   target_calls: int
@@ -56,6 +60,7 @@ class SpecStats:
   row_beta_sum: np.ndarray
   mean_proposed: float = 0.0
   row_proposed: np.ndarray | None = None
+  row_gamma_histogram: np.ndarray | None = None
 
   @property
   def gamma(self) -> int:
@@ -88,6 +93,7 @@ class SpecStats:
       row_beta_sum=c.beta_sum,
       mean_proposed=float(c.proposed.sum() / max(iters.sum(), 1)),
       row_proposed=c.proposed,
+      row_gamma_histogram=c.gamma_histogram,
     )
 
 
@@ -99,14 +105,20 @@ class GenerateOutput:
     tokens: `[B, max_decode_len] int32`; pad (0) after EOS.
     lengths: `[B] int32`, tokens up to and including EOS.
     stats: `SpecStats` for speculative decoding, None for plain decoding.
-    gamma_choice: with `gamma='auto'`, what the calibration measured and
-      chose (`auto_gamma.choose`), else None.
+    gamma_choice: with `gamma='auto'`, what the policy used and did
+      (`{'policy', 'max_gamma', 'iteration_seconds', 'gamma_iterations',
+      'cost_cache'}`: seconds per loop iteration at each gamma, the batch's
+      iterations run at each gamma, the cost cache entry), else None.
   """
 
   tokens: np.ndarray
   lengths: np.ndarray
   stats: SpecStats | None
   gamma_choice: dict | None = None
+  # With `tree=`: the shape and what the decode measured (per-node and
+  # per-depth/rank acceptance, tokens per call; with tree='auto' also
+  # the choice), `tree_generate.report`; else None.
+  tree: dict | None = None
 
 
 # `dynamic_gamma=True` uses this draft-confidence threshold.
@@ -179,6 +191,8 @@ def generate(
   verifier: verify.Verifier | None = None,
   lenience: float = 1.0,
   dynamic_gamma: bool | float = False,
+  tree: Any = None,
+  max_auto_gamma: int = auto_gamma.MAX_GAMMA,
 ) -> GenerateOutput:
   """Decodes `encoder_tokens [B, S]` (int, padded with 0).
 
@@ -187,10 +201,14 @@ def generate(
     encoder_tokens: `[B, S]` ints in [0, V), 0 = padding.
     draft: None for plain decoding; else any language model or drafter
       (`spec_decode.drafters`) with the target's vocabulary.
-    gamma: draft tokens per iteration (>= 1), or 'auto': a calibration
-      decode of this batch at gamma 4 measures alpha, c and v(k) are timed,
-      and `theory.choose_gamma` picks gamma (reported in `gamma_choice`;
-      the timings are cached per target, draft and batch size).
+    gamma: draft tokens per iteration (>= 1), or 'auto': every iteration
+      picks its gamma in {0, ..., max_auto_gamma} inside the compiled loop
+      (`core.gamma_policy`: the most expected tokens per second for the
+      rows still decoding, from their running acceptance estimates and the
+      loop's measured seconds per iteration at each gamma; 0 is a plain
+      target step). The seconds are measured once per models' shapes,
+      batch size, settings and device and cached on disk
+      (`core.auto_gamma`); reported in `gamma_choice`.
     temperature: 0 is argmax.
     top_k: 0 keeps all ids.
     top_p: 1.0 keeps all ids.
@@ -205,6 +223,12 @@ def generate(
       threshold tau in (0, 1): a model draft stops proposing in a row where
       its confidence (largest draft probability) drops below tau, so gamma
       is the most tokens an iteration proposes. Exact either way.
+    tree: None (chains of `gamma`), or token trees verified in one
+      target call each: Medusa-style paths of child ranks
+      (`[[0], [1], [0, 0]]`), a per-depth branching tuple (`(3, 2, 1)`;
+      `(1,) * gamma` is the chain) or 'auto' (`core.tree_auto`). Exact
+      for greedy and sampling (`core.tree_verify`); `gamma` is ignored.
+    max_auto_gamma: the largest gamma of `gamma='auto'` (>= 1).
 
   Sharded models (`Model.init/load(..., partitioner=p)`) decode sharded: the
   rows go on the mesh's `data` axis (padded to a multiple of its size with
@@ -231,7 +255,21 @@ def generate(
     or (gamma < 1)
   ):
     raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
+  if auto and (
+    isinstance(max_auto_gamma, bool)
+    or not isinstance(max_auto_gamma, (int, np.integer))
+    or max_auto_gamma < 1
+  ):
+    raise ValueError(
+      f'max_auto_gamma must be an int >= 1, got {max_auto_gamma!r}'
+    )
   tau = _confidence_threshold(dynamic_gamma)
+  if tree is not None:
+    if auto:
+      raise ValueError("tree= replaces gamma; leave gamma='auto' out")
+    tree_shape = tree_generate.check(
+      model, draft, tree, verifier, lenience, tau
+    )
   if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
     raise ValueError(f'lenience must be in (0, 1], got {lenience!r}')
   if verifier is not None and lenience != 1.0:
@@ -252,18 +290,12 @@ def generate(
   settings = DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
-    # Plain decoding ignores gamma; 'auto' first decodes at the
-    # calibration gamma.
-    gamma=(
-      1
-      if draft is None
-      else auto_gamma.CALIBRATION_GAMMA
-      if auto
-      else int(gamma)
-    ),
+    # Plain decoding ignores gamma; 'auto' picks up to max_auto_gamma.
+    gamma=(1 if draft is None else int(max_auto_gamma) if auto else int(gamma)),
     verifier=verifier or verify.ExactVerifier(float(lenience)),
     eos_id=eos_id,
     dynamic_gamma=tau if draft is not None else 0.0,
+    gamma_policy=auto and draft is not None,
   )
   mesh = placement.placement_of(model, draft)
   if mesh is not None:
@@ -278,33 +310,59 @@ def generate(
     )
   else:
     enc, keys = jnp.asarray(tokens), row_keys(seed, batch)
+  if tree is not None:
+    out, lengths, counters, report = tree_generate.run(
+      model, draft, enc, keys, settings, tree_shape, batch
+    )
+    stats = SpecStats.from_counters(counters, lengths)
+    return GenerateOutput(out, lengths, stats, tree=report)
   if draft is None:
     out, lengths = placement.to_host(
       loops.plain_decode_jit(model, enc, keys, settings=settings)
     )
     return GenerateOutput(out[:batch], lengths[:batch], None)
-  gamma_choice = None
-  if auto:
-    # A calibration decode of this batch measures alpha; the costs are
-    # timed (and cached) by `auto_gamma`, which never decodes.
-    calibration = _speculative(model, draft, enc, keys, settings, batch)
-    gamma_choice = auto_gamma.choose(
-      model, draft, calibration.stats.alpha, batch, sampler
-    )
-    settings = dataclasses.replace(settings, gamma=gamma_choice['gamma'])
-  out = _speculative(model, draft, enc, keys, settings, batch)
-  return dataclasses.replace(out, gamma_choice=gamma_choice)
+  if not auto:
+    return _speculative(model, draft, enc, keys, settings, batch)
+  # The policy's costs: measured on this program (forced gammas, their own
+  # keys) or read from the cache; never from this decode's draws.
+  seconds, cache = auto_gamma.iteration_seconds(model, draft, enc, settings)
+  policy = gamma_policy.PolicyInputs.create(seconds)
+  out = _speculative(model, draft, enc, keys, settings, batch, policy)
+  return dataclasses.replace(
+    out, gamma_choice=_policy_report(out.stats, seconds, cache)
+  )
 
 
-def _speculative(model, draft, enc, keys, settings, batch) -> GenerateOutput:
+def _speculative(
+  model, draft, enc, keys, settings, batch, policy=None
+) -> GenerateOutput:
   out, lengths, counters = placement.to_host(
-    loops.speculative_decode_jit(model, draft, enc, keys, settings=settings)
+    loops.speculative_decode_jit(
+      model, draft, enc, keys, settings=settings, policy=policy
+    )
   )
   counters = jax.tree.map(lambda x: x[:batch], counters)
   lengths = lengths[:batch]
   return GenerateOutput(
     out[:batch], lengths, SpecStats.from_counters(counters, lengths)
   )
+
+
+def _policy_report(stats: 'SpecStats', seconds, cache) -> dict:
+  """What gamma='auto' used and did (`GenerateOutput.gamma_choice`)."""
+  hist = stats.row_gamma_histogram
+  # The decision is the batch's: the row that ran longest saw every
+  # iteration.
+  longest = hist[int(np.argmax(stats.row_iterations))]
+  return {
+    'policy': 'goodput',
+    'max_gamma': len(seconds) - 1,
+    'iteration_seconds': {
+      g: (float(s) if np.isfinite(s) else None) for g, s in enumerate(seconds)
+    },
+    'gamma_iterations': {g: int(n) for g, n in enumerate(longest)},
+    'cost_cache': cache,
+  }
 
 
 def _confidence_threshold(dynamic_gamma: Any) -> float:

@@ -15,12 +15,16 @@ depend only on its seed, never on its batch mates, and a draft equal to the
 target draws exactly the tokens plain sampling draws.
 """
 
+import dataclasses
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from spec_decode.core import drafter
+from spec_decode.core import gamma_policy
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.core import verify_block
@@ -42,6 +46,8 @@ class SpecCounters:
     beta_sum: `[B]` sum of beta over tested positions.
     proposed: `[B]` draft tokens proposed while the row was active (G per
       iteration unless the drafter proposes fewer).
+    gamma_histogram: `[B, G + 1]` iterations run at each gamma while the row
+      was active (gamma='auto'; None with a fixed gamma).
   """
 
   iterations: jax.Array
@@ -50,9 +56,12 @@ class SpecCounters:
   position_accepts: jax.Array
   beta_sum: jax.Array
   proposed: jax.Array
+  gamma_histogram: jax.Array | None = None
 
   @classmethod
-  def zeros(cls, batch: int, gamma: int) -> 'SpecCounters':
+  def zeros(
+    cls, batch: int, gamma: int, with_gammas: bool = False
+  ) -> 'SpecCounters':
     return cls(
       iterations=jnp.zeros((batch,), jnp.int32),
       accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
@@ -60,6 +69,9 @@ class SpecCounters:
       position_accepts=jnp.zeros((batch, gamma), jnp.int32),
       beta_sum=jnp.zeros((batch,), jnp.float32),
       proposed=jnp.zeros((batch,), jnp.int32),
+      gamma_histogram=(
+        jnp.zeros((batch, gamma + 1), jnp.int32) if with_gammas else None
+      ),
     )
 
 
@@ -77,6 +89,8 @@ class LoopState:
     counters: speculative statistics (None for plain decoding).
     features: `[B, D] float32` target hidden state that predicted the newest
       token, for drafters that use target features (else None).
+    draft_synced: `[B] int32` leading inputs a language-model draft's cache
+      holds (gamma='auto', where plain steps skip the draft; else None).
   """
 
   inputs: jax.Array
@@ -87,6 +101,7 @@ class LoopState:
   draft: object = None
   counters: SpecCounters | None = None
   features: jax.Array | None = None
+  draft_synced: jax.Array | None = None
 
 
 def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
@@ -200,8 +215,15 @@ def speculative_decode(
   encoder_tokens: jax.Array,
   row_keys: jax.Array,
   settings: DecodeSettings,
+  policy: gamma_policy.PolicyInputs | None = None,
 ):
   """Algorithm 1 in a loop: a draft block, one target call over G+1 inputs.
+
+  With `settings.gamma_policy`, each iteration first picks its gamma in
+  {0, ..., G} (`gamma_policy.choose`, from `policy`) and runs that branch of
+  a `lax.switch`: one compiled program, gamma chosen at run time. Gamma 0 is
+  a plain target step; a language-model draft that skipped such steps is
+  caught up (its missing inputs fed in chunks) before it drafts again.
 
   Args:
     target: the target language model.
@@ -209,17 +231,24 @@ def speculative_decode(
       model (drafting G autoregressive steps).
     encoder_tokens: `[B, S] int32`.
     row_keys: `[B]` PRNG keys.
-    settings: static settings.
+    settings: static settings (`gamma` is G, the largest gamma).
+    policy: the policy's run-time inputs (needed with `gamma_policy`).
 
   Returns:
     tokens `[B, M]`, lengths `[B]`, and `SpecCounters`.
   """
-  g = settings.gamma
+  gmax = settings.gamma
   batch = encoder_tokens.shape[0]
   proposer = model_drafter.as_drafter(draft)
   with_features = bool(getattr(proposer, 'uses_target_features', False))
+  auto = settings.gamma_policy
+  if auto and policy is None:
+    raise ValueError('a gamma policy needs its PolicyInputs')
+  # A language-model draft's cache must hold every earlier input; after
+  # plain (gamma 0) steps it is caught up before drafting.
+  lm_draft = None if drafter.is_drafter(draft) else draft
 
-  def body(state: LoopState) -> LoopState:
+  def draft_step(state: LoopState, g: int) -> LoopState:
     n = state.length
     active = ~state.done
     positions = n[:, None] + 1 + jnp.arange(g + 1)[None]
@@ -232,7 +261,12 @@ def speculative_decode(
       ),
       target_features=state.features,
     )
-    proposal, ds = proposer.propose(state.draft, context, settings)
+    ds = state.draft
+    if auto and lm_draft is not None:
+      ds = _catch_up(lm_draft, ds, state, gmax)
+    proposal, ds = proposer.propose(
+      ds, context, dataclasses.replace(settings, gamma=g)
+    )
     draft_tokens = proposal.tokens
     newest = _gather(state.inputs, n[:, None])
     tgt = target.rollback(state.target, n)
@@ -265,12 +299,16 @@ def speculative_decode(
     tested &= active[:, None] & (offsets[:, :g] < num[:, None])
     accepted = tested & (offsets[:, :g] < a[:, None])
     act = active.astype(jnp.int32)
-    counters = SpecCounters(
+
+    def pad(x):  # [B, g] -> [B, G]
+      return jnp.pad(x, ((0, 0), (0, gmax - g)))
+
+    counters = c.replace(
       iterations=c.iterations + act,
       accepted_histogram=c.accepted_histogram
-      + jax.nn.one_hot(a, g + 1, dtype=jnp.int32) * act[:, None],
-      position_tries=c.position_tries + tested,
-      position_accepts=c.position_accepts + accepted,
+      + jax.nn.one_hot(a, gmax + 1, dtype=jnp.int32) * act[:, None],
+      position_tries=c.position_tries + pad(tested),
+      position_accepts=c.position_accepts + pad(accepted),
       beta_sum=c.beta_sum
       + jnp.sum(jnp.where(tested, result.beta, 0.0), axis=1),
       proposed=c.proposed + num * act,
@@ -287,7 +325,66 @@ def speculative_decode(
       draft=ds,
       counters=counters,
       features=features,
+      draft_synced=None if state.draft_synced is None else length - 1,
     )
+
+  def plain_step(state: LoopState) -> LoopState:
+    """Gamma 0: one target step (the draft is left as it is)."""
+    n = state.length
+    tgt = target.rollback(state.target, n)
+    logits, features, tgt = _score_target(
+      target, tgt, _gather(state.inputs, n[:, None]), with_features
+    )
+    keys = sampling.position_keys(
+      row_keys, (n + 1)[:, None], verify_block.SAMPLE
+    )[:, 0]
+    token, _ = sampling.draw_tokens(settings.sampler, keys, logits[:, 0])
+    inputs, length, done, _ = _commit(
+      state, token[:, None], jnp.ones_like(n), settings
+    )
+    c = state.counters
+    counters = c.replace(iterations=c.iterations + (~state.done))
+    return state.replace(
+      inputs=inputs,
+      length=length,
+      done=done,
+      step=state.step + 1,
+      target=tgt,
+      counters=counters,
+      features=None if features is None else features[:, 0],
+    )
+
+  def policy_step(state: LoopState) -> LoopState:
+    c = state.counters
+    active = ~state.done
+    g = gamma_policy.choose(
+      c.beta_sum,
+      jnp.sum(c.position_tries, axis=1),
+      active,
+      policy,
+      state.step,
+    )
+    # Gamma 0 keeps a stateful drafter's state stale: it is never a
+    # candidate there (its seconds are inf), and its branch drafts 1.
+    zero = (
+      plain_step if zero_gamma_ok(draft) else functools.partial(draft_step, g=1)
+    )
+    branches = [zero] + [
+      functools.partial(draft_step, g=k) for k in range(1, gmax + 1)
+    ]
+    new = lax.switch(g, branches, state)
+    counters = new.counters.replace(
+      gamma_histogram=new.counters.gamma_histogram
+      + jax.nn.one_hot(g, gmax + 1, dtype=jnp.int32)[None]
+      * active[:, None].astype(jnp.int32)
+    )
+    return new.replace(counters=counters)
+
+  def not_finished(state: LoopState) -> jax.Array:
+    going = _not_finished(state, settings)
+    if auto:
+      going &= state.step < policy.max_iterations
+    return going
 
   state = _init_loop(target, encoder_tokens, settings)
   features = None
@@ -296,12 +393,56 @@ def speculative_decode(
     features = jnp.zeros((batch, size), jnp.float32)
   state = state.replace(
     draft=proposer.init_draft(encoder_tokens, settings.buffer_len),
-    counters=SpecCounters.zeros(batch, g),
+    counters=SpecCounters.zeros(batch, gmax, with_gammas=auto),
     features=features,
+    draft_synced=(
+      jnp.zeros((batch,), jnp.int32) if auto and lm_draft is not None else None
+    ),
   )
-  state = lax.while_loop(lambda s: _not_finished(s, settings), body, state)
+  body = policy_step if auto else functools.partial(draft_step, g=gmax)
+  state = lax.while_loop(not_finished, body, state)
   tokens, lengths = _outputs(state, settings)
   return tokens, lengths, state.counters
+
+
+def zero_gamma_ok(draft) -> bool:
+  """Gamma 0 (no draft call) keeps `draft` usable: a language model (caught
+  up later) or a drafter without state."""
+  if not drafter.is_drafter(draft):
+    return True
+  return draft.init_draft(jnp.zeros((1, 1), jnp.int32), 1) is None
+
+
+# Inputs fed per call when a language-model draft catches up.
+_CATCH_UP_CHUNK = 8
+
+
+def _catch_up(model, ds, state: LoopState, gmax: int):
+  """Feeds `model` the inputs it missed during plain steps.
+
+  `state.draft_synced [B]` counts the leading inputs the draft's cache
+  holds; drafting at length n needs n - 1 of them (the drafter feeds inputs
+  n - 1 and n itself). Chunks of K inputs are scored until every active row
+  has them; K <= G + 2 keeps every write inside the buffer.
+  """
+  k = min(_CATCH_UP_CHUNK, gmax + 2)
+  width = state.inputs.shape[1]
+  need = jnp.where(
+    state.done, state.draft_synced, jnp.maximum(state.length - 1, 0)
+  )
+
+  def behind(carry):
+    return jnp.any(carry[1] < need)
+
+  def feed(carry):
+    ds, synced = carry
+    idx = jnp.minimum(synced, need)
+    cols = jnp.minimum(idx[:, None] + jnp.arange(k)[None], width - 1)
+    _, ds = model.score(model.rollback(ds, idx), _gather(state.inputs, cols))
+    return ds, jnp.minimum(idx + k, need)
+
+  ds, _ = lax.while_loop(behind, feed, (ds, state.draft_synced))
+  return ds
 
 
 plain_decode_jit = jax.jit(plain_decode, static_argnames=('settings',))

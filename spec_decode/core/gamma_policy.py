@@ -1,0 +1,118 @@
+"""gamma='auto': a goodput policy evaluated inside the compiled loop.
+
+Every iteration of the speculative loop picks gamma in {0, ..., G} (0 = one
+plain target step, no draft call) maximizing the expected output tokens per
+second of the batch as it is now:
+
+  goodput(g) = sum over active rows r of E(alpha_r, g) / seconds(g),
+  E(a, g) = (1 - a^(g+1)) / (1 - a)   (paper, equation 1; E(a, 0) = 1),
+
+where `seconds [G+1]` is the measured walltime of one loop iteration at
+each gamma for this batch size (`costs.iteration_seconds`: the real loop,
+timed in context, so cache eviction and the loop's own work are in it) and
+alpha_r is the running acceptance estimate of row r: the mean of beta over
+the positions it tested so far, shrunk toward the batch's pooled mean, which
+itself starts from an optimistic prior so that the first iterations draft
+and measure (a gamma-0 iteration tests nothing and teaches nothing).
+
+Exactness: the choice at an iteration that starts at output length n reads
+only counters of positions <= n, whose draws are all behind; the draws of
+positions > n are made from their own keys afterwards, so every iteration
+is Algorithm 1 run with a gamma fixed before its draws, and each token keeps
+the target's distribution. The choice never reads future draws (no
+calibration decode with the decode's own keys).
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+# The pooled estimate starts as PRIOR_WEIGHT tested positions of beta
+# PRIOR_ALPHA: optimistic, so that speculation is tried (and alpha measured)
+# unless the measured costs say it cannot pay even at this alpha.
+PRIOR_ALPHA = 0.8
+PRIOR_WEIGHT = 2.0
+# A row's own estimate is shrunk toward the pooled one with this weight.
+ROW_PRIOR_WEIGHT = 4.0
+# alpha is capped below 1 so that E(alpha, g) stays finite and ordered.
+_MAX_ALPHA = 0.999
+
+
+@flax.struct.dataclass(kw_only=True)
+class PolicyInputs:
+  """Run-time inputs of the policy (arrays: new values never recompile).
+
+  Attributes:
+    seconds: `[G + 1] float32` measured seconds of one loop iteration at each
+      gamma; `inf` where a gamma is not a candidate.
+    forced_gamma: `[K] int32` a schedule: iteration i runs gamma
+      `forced_gamma[i % K]`, or the policy's where that is -1 (`[-1]`: the
+      policy throughout; `[g]`: gamma g throughout, how `auto_gamma`
+      times the loop).
+    max_iterations: `[] int32`, the loop stops after this many iterations
+      (timing runs; a decode passes a bound it never reaches).
+  """
+
+  seconds: jax.Array
+  forced_gamma: jax.Array
+  max_iterations: jax.Array
+
+  @classmethod
+  def create(
+    cls, seconds, forced_gamma=-1, max_iterations: int = 2**30
+  ) -> 'PolicyInputs':
+    return cls(
+      seconds=jnp.asarray(seconds, jnp.float32),
+      forced_gamma=jnp.atleast_1d(jnp.asarray(forced_gamma, jnp.int32)),
+      max_iterations=jnp.asarray(max_iterations, jnp.int32),
+    )
+
+
+def expected_tokens(alpha: jax.Array, gammas: jax.Array) -> jax.Array:
+  """E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha), broadcast."""
+  alpha = jnp.clip(alpha, 0.0, _MAX_ALPHA)
+  return (1.0 - alpha ** (gammas + 1.0)) / (1.0 - alpha)
+
+
+def row_alphas(
+  beta_sum: jax.Array, tested: jax.Array, active: jax.Array
+) -> jax.Array:
+  """Running acceptance estimates `[B]` from per-row counts.
+
+  Args:
+    beta_sum: `[B]` sum of beta over the positions each row tested.
+    tested: `[B]` positions each row tested.
+    active: `[B] bool` rows still decoding (the pool is theirs).
+  """
+  w = active.astype(jnp.float32)
+  tested = tested.astype(jnp.float32)
+  pooled = (jnp.sum(w * beta_sum) + PRIOR_WEIGHT * PRIOR_ALPHA) / (
+    jnp.sum(w * tested) + PRIOR_WEIGHT
+  )
+  return (beta_sum + ROW_PRIOR_WEIGHT * pooled) / (tested + ROW_PRIOR_WEIGHT)
+
+
+def goodput(
+  alphas: jax.Array, active: jax.Array, seconds: jax.Array
+) -> jax.Array:
+  """Expected tokens per second `[G + 1]` of the active rows per gamma."""
+  gammas = jnp.arange(seconds.shape[0], dtype=jnp.float32)
+  tokens = expected_tokens(alphas[:, None], gammas[None])  # [B, G + 1]
+  total = jnp.sum(jnp.where(active[:, None], tokens, 0.0), axis=0)
+  return total / seconds
+
+
+def choose(
+  beta_sum: jax.Array,
+  tested: jax.Array,
+  active: jax.Array,
+  inputs: PolicyInputs,
+  step: jax.Array,
+) -> jax.Array:
+  """The gamma `[] int32` of iteration `step` (forced, or best goodput)."""
+  best = jnp.argmax(
+    goodput(row_alphas(beta_sum, tested, active), active, inputs.seconds)
+  ).astype(jnp.int32)
+  schedule = inputs.forced_gamma
+  forced = schedule[step % schedule.shape[0]]
+  return jnp.where(forced >= 0, forced, best)

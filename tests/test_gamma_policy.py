@@ -1,0 +1,263 @@
+"""gamma='auto': the in-loop goodput policy, its cost cache, its exactness.
+
+The whole-sequence distribution tests (method, sample size N = 24,000 and
+false-alarm rate 1e-3: `_distribution_util`) run `generate(gamma='auto')`
+with the cost model fixed (`auto_gamma.measure` patched to return seconds
+under which the policy's choice moves between gamma 0, 2 and 3 as its
+acceptance estimate moves), so gammas change inside decodes at run time,
+gamma 0 included. Negative control: the same decodes with the residual
+dropped (`ResidualDroppingVerifier`) must fail the same test.
+"""
+
+import numpy as np
+import pytest
+from _distribution_util import ENC
+from _distribution_util import FALSE_ALARM
+from _distribution_util import ResidualDroppingVerifier
+from _distribution_util import V
+from _distribution_util import exact_probs
+from _distribution_util import g_test
+from _distribution_util import sample_sequences
+from _distribution_util import target_model
+from conftest import encoder_batch
+from conftest import perturbed
+from conftest import tiny_config
+
+import spec_decode as sd
+from spec_decode.core import auto_gamma
+from spec_decode.core import gamma_policy
+from spec_decode.core import loops
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.generation import row_keys
+
+# Per-iteration seconds for gamma 0..3: the best gamma is 3 at alpha 0.8
+# (the prior), 2 at alpha 0.5-0.6 and 0 below about 0.45.
+SECONDS = [1.0, 1.5, 1.7, 1.9]
+
+
+@pytest.fixture
+def fixed_costs(monkeypatch, tmp_path):
+  monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path))
+  monkeypatch.setattr(auto_gamma, '_memory', {})
+  monkeypatch.setattr(auto_gamma, 'measure', lambda *a, **k: list(SECONDS))
+
+
+# ------------------------------------------------------------ the policy
+
+
+def _choose(alphas, active, seconds, tested=1000.0):
+  alphas = np.asarray(alphas, np.float32)
+  return int(
+    gamma_policy.choose(
+      alphas * tested,
+      np.full(alphas.shape, tested, np.float32),
+      np.asarray(active),
+      gamma_policy.PolicyInputs.create(seconds),
+      np.int32(0),
+    )
+  )
+
+
+def test_policy_picks_the_most_tokens_per_second():
+  assert _choose([0.8], [True], SECONDS) == 3
+  assert _choose([0.55], [True], SECONDS) == 2
+  assert _choose([0.2], [True], SECONDS) == 0
+  # Only active rows count: a finished high-alpha row does not drag gamma.
+  assert _choose([0.2, 0.95], [True, False], SECONDS) == 0
+  assert _choose([0.2, 0.95], [True, True], SECONDS) == 3
+  # A gamma that is not a candidate (inf seconds) is never picked.
+  assert _choose([0.2], [True], [np.inf, 1.5, 1.7, 1.9]) == 1
+
+
+def test_policy_never_predicts_less_than_plain():
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    seconds = np.sort(rng.uniform(0.5, 3.0, 5))
+    alphas = rng.uniform(0, 1, 6).astype(np.float32)
+    active = rng.uniform(size=6) < 0.7
+    g = _choose(alphas, active, seconds)
+    rates = np.asarray(
+      gamma_policy.goodput(
+        gamma_policy.row_alphas(alphas * 1000, np.full(6, 1000.0), active),
+        active,
+        np.asarray(seconds, np.float32),
+      )
+    )
+    assert rates[g] >= rates[0] and rates[g] == rates.max()
+
+
+def test_forced_schedule_and_iteration_limit():
+  inputs = gamma_policy.PolicyInputs.create(SECONDS, forced_gamma=[0, 2, -1])
+  args = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.ones(1, bool))
+  picks = [
+    int(gamma_policy.choose(*args, inputs, np.int32(i))) for i in range(4)
+  ]
+  assert picks == [0, 2, 3, 0]  # -1: the policy (prior alpha 0.8 -> 3)
+
+
+# -------------------------------------------------- greedy and catch-up
+
+
+@pytest.fixture(scope='module')
+def pair():
+  target = sd.Model.init(tiny_config(vocab_size=32), seed=0)
+  return target, perturbed(target, 0.3, seed=1)
+
+
+def _scheduled(target, draft, enc, schedule, max_len=16):
+  """A decode at gamma `schedule[i % 6]` in iteration i (one program)."""
+  settings = DecodeSettings(max_decode_len=max_len, gamma=2, gamma_policy=True)
+  keys = row_keys(0, enc.shape[0])
+  policy = gamma_policy.PolicyInputs.create(SECONDS, forced_gamma=schedule)
+  return loops.speculative_decode_jit(
+    target, draft, np.asarray(enc), keys, settings=settings, policy=policy
+  )
+
+
+def test_every_gamma_schedule_decodes_greedy_exactly(pair):
+  target, draft = pair
+  enc = encoder_batch(3, 7, 32, seed=3)
+  plain = sd.generate(target, enc, max_decode_len=16).tokens
+  for schedule in ([0, 0, 2, 1, 0, 2], [2, 0, 0, 0, 1, 1]):
+    tokens, _, counters = _scheduled(target, draft, enc, schedule)
+    np.testing.assert_array_equal(np.asarray(tokens), plain)
+    used = np.asarray(counters.gamma_histogram).sum(0)
+    assert (used > 0).sum() >= 3
+
+
+def test_draft_is_caught_up_after_plain_steps(pair, monkeypatch):
+  """draft == target after plain steps must accept every drafted token:
+  only true if the draft's cache was given the inputs it skipped."""
+  target, _ = pair
+  enc = encoder_batch(3, 7, 32, seed=4)
+
+  def acceptance(schedule):
+    _, _, c = _scheduled(target, target, enc, schedule)
+    return np.asarray(c.position_accepts).sum() / max(
+      np.asarray(c.position_tries).sum(), 1
+    )
+
+  assert acceptance([0, 0, 0, 0, 2, 0]) == 1.0
+  # Negative control: without the catch-up the stale cache loses tokens.
+  monkeypatch.setattr(loops, '_catch_up', lambda model, ds, state, g: ds)
+  loops.speculative_decode_jit.clear_cache()
+  assert acceptance([0, 0, 0, 0, 2, 0]) < 0.9
+  loops.speculative_decode_jit.clear_cache()
+
+
+def test_auto_greedy_identity_and_report(pair, fixed_costs):
+  target, draft = pair
+  enc = encoder_batch(4, 7, 32, seed=5)
+  plain = sd.generate(target, enc, max_decode_len=12)
+  out = sd.generate(
+    target,
+    enc,
+    draft=draft,
+    gamma='auto',
+    max_decode_len=12,
+    max_auto_gamma=3,
+  )
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+  choice = out.gamma_choice
+  assert choice['max_gamma'] == 3 and out.stats.gamma == 3
+  assert choice['iteration_seconds'] == dict(enumerate(SECONDS))
+  assert sum(choice['gamma_iterations'].values()) == out.stats.target_calls
+  assert choice['cost_cache']['measured']
+
+
+# ----------------------------------------------------------- cost cache
+
+
+def test_costs_are_measured_once_and_cached_on_disk(
+  pair, tmp_path, monkeypatch
+):
+  target, draft = pair
+  monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path))
+  monkeypatch.setattr(auto_gamma, '_memory', {})
+  enc = encoder_batch(2, 7, 32, seed=6)
+  settings = DecodeSettings(max_decode_len=8, gamma=1, gamma_policy=True)
+  seconds, info = auto_gamma.iteration_seconds(target, draft, enc, settings)
+  assert info['measured'] and len(seconds) == 2
+  assert all(s > 0 and np.isfinite(s) for s in seconds)
+  # Another process (empty memory) reads the file; nothing is measured.
+  monkeypatch.setattr(auto_gamma, '_memory', {})
+  monkeypatch.setattr(auto_gamma, 'measure', lambda *a, **k: 1 / 0)
+  again, info2 = auto_gamma.iteration_seconds(target, draft, enc, settings)
+  assert again == seconds and not info2['measured']
+  assert info2['path'] == info['path'] and info['path'].startswith(
+    str(tmp_path)
+  )
+  # Other shapes, another key: batch size and the draft's size count.
+  other = auto_gamma.describe(target, draft, settings, batch=4)
+  assert auto_gamma.cache_key(other) != info['key']
+  small = sd.Model.init(tiny_config(vocab_size=32, emb_dim=16), seed=2)
+  assert (
+    auto_gamma.cache_key(auto_gamma.describe(target, small, settings, 2))
+    != info['key']
+  )
+
+
+def test_stateful_drafter_never_gets_gamma_zero():
+  class Stateful:
+    def init_draft(self, encoder_tokens, length):
+      return np.zeros(1)
+
+    def propose(self, *a):
+      raise AssertionError
+
+  class Stateless(Stateful):
+    def init_draft(self, encoder_tokens, length):
+      return None
+
+  assert not auto_gamma.zero_allowed(Stateful())
+  assert auto_gamma.zero_allowed(Stateless())
+  assert auto_gamma.zero_allowed(target_model())
+
+
+def test_bad_max_auto_gamma_is_rejected(pair):
+  target, draft = pair
+  for bad in (0, -1, 2.5, True):
+    with pytest.raises(ValueError, match='max_auto_gamma'):
+      sd.generate(target, ENC, draft=draft, gamma='auto', max_auto_gamma=bad)
+
+
+# --------------------------------------------------- distribution tests
+
+
+@pytest.fixture(scope='module')
+def models():
+  target = target_model()
+  draft = sd.Model.init(tiny_config(vocab_size=V, num_decoder_layers=1), seed=4)
+  return target, draft
+
+
+SETTINGS = {
+  'temperature_1': dict(temperature=1.0),
+  'temperature_0.8_top_k_4_top_p_0.9': dict(
+    temperature=0.8, top_k=4, top_p=0.9
+  ),
+}
+AUTO = dict(gamma='auto', max_auto_gamma=3)
+
+
+@pytest.mark.parametrize('name', sorted(SETTINGS))
+def test_auto_samples_the_target_distribution(models, fixed_costs, name):
+  target, draft = models
+  kw = SETTINGS[name]
+  seqs, p = exact_probs(target, ENC, sd.Sampler(**kw))
+  samples, run_stats = sample_sequences(target, draft, ENC, **AUTO, **kw)
+  used = sum(s.row_gamma_histogram.sum(0) for s in run_stats)
+  assert (used > 0).sum() >= 2  # gamma changed inside the decodes
+  assert g_test(samples, seqs, p) > FALSE_ALARM
+
+
+def test_negative_control_auto_dropping_the_residual_is_detected(
+  models, fixed_costs
+):
+  target, draft = models
+  kw = SETTINGS['temperature_1']
+  seqs, p = exact_probs(target, ENC, sd.Sampler(**kw))
+  samples, _ = sample_sequences(
+    target, draft, ENC, verifier=ResidualDroppingVerifier(), **AUTO, **kw
+  )
+  assert g_test(samples, seqs, p) < FALSE_ALARM
