@@ -5,7 +5,8 @@ were drawn from; the loop verifies them with one target call (Algorithm 1)
 and never looks inside the drafter. Any language model (`protocol.py`) is a
 drafter through `ModelDrafter` (G autoregressive draft steps); n-gram
 tables, prompt lookup, Medusa heads and hierarchical drafts implement
-`propose` directly.
+`propose` directly. Drafters that can propose token trees also implement
+`propose_tree` (the tree loop, `core/tree_loop.py`).
 
 Exactness needs only that `q[b, i]` is the distribution `tokens[b, i]` was
 drawn from, given the row's prefix and the tokens proposed before it, and
@@ -68,6 +69,24 @@ class Proposal:
   num: jax.Array
 
 
+@flax.struct.dataclass(kw_only=True)
+class TreeProposal:
+  """Draft tokens for one iteration of the tree loop (`core/tree.py`).
+
+  Attributes:
+    tokens: `[B, N] int32` the token of nodes 1..N (breadth first).
+    q: `[B, N, V] float32` the distribution node i's token was drawn from,
+      given its path and the siblings drawn before it; None when decoding
+      is greedy.
+    valid: `[B, N] bool` nodes actually proposed; a node whose parent is
+      not valid must not be valid either. The verifier skips the others.
+  """
+
+  tokens: jax.Array
+  q: jax.Array | None
+  valid: jax.Array
+
+
 class Drafter(Protocol):
   """Proposes draft tokens; a pytree (weights are leaves)."""
 
@@ -97,6 +116,24 @@ class Drafter(Protocol):
       settings: the loop's `DecodeSettings`: `gamma`, `sampler` (the same
         logits -> distribution map the target uses; greedy when
         `sampler.is_greedy`), `dynamic_gamma`.
+    """
+    ...
+
+  # Optional: drafters that propose token trees (`generate(tree=...)`).
+  def propose_tree(
+    self,
+    state: DraftState,
+    context: DraftContext,
+    settings: DecodeSettings,
+    shape: Any,
+  ) -> tuple[TreeProposal, DraftState]:
+    """Proposes the nodes of `shape` (a static `core.tree.TreeShape`).
+
+    `context.keys` are `[B, D]`, one per depth (output token n + d); the
+    tree loop passes the `settings` with `gamma` = D. Exactness needs, per
+    node, that its token was drawn from its `q` given its path and its
+    elder siblings, and that `valid` depends on nothing the verifier draws
+    (`core/tree_verify.py`).
     """
     ...
 

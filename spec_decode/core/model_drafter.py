@@ -13,6 +13,9 @@ the first position i >= 1 whose draft confidence, the largest raw
 depends only on the row's prefix, never on the verifier's draws, so the
 decode stays exact. Steps after every row has stopped are skipped
 (`lax.cond`), so a confident-less batch pays fewer draft calls.
+
+Trees (`propose_tree`): the top-k children (greedy) or draws without
+replacement (sampling) of every internal node, one model call per depth.
 """
 
 import flax.struct
@@ -21,9 +24,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from spec_decode.core import sampling
+from spec_decode.core import tree_draft
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.drafter import DraftContext
 from spec_decode.core.drafter import Proposal
+from spec_decode.core.drafter import TreeProposal
 from spec_decode.core.drafter import full_proposal
 from spec_decode.core.drafter import is_drafter
 from spec_decode.core.protocol import DecodeState
@@ -79,6 +84,42 @@ class ModelDrafter:
     if num is None:
       return full_proposal(tokens, q), ds
     return Proposal(tokens=tokens, q=q, num=num), ds
+
+  def propose_tree(
+    self,
+    state: DecodeState,
+    context: DraftContext,
+    settings: DecodeSettings,
+    shape,
+  ) -> tuple[TreeProposal, DecodeState]:
+    """Draws the tree level by level (`tree_draft.expand`).
+
+    One call feeds the D + 1 inputs ending at the newest (the draft's cache
+    holds inputs up to n - D - 1 in order: tree nodes are only scratch),
+    then one `score_tree` call per depth feeds the nodes that have children,
+    all of a level at once; the model must implement
+    `protocol.TreeLanguageModel`.
+    """
+    model, sampler = self.model, settings.sampler
+    depth = shape.depth
+    n = context.length
+    rows = jnp.arange(n.shape[0])
+    start = jnp.maximum(n - depth, 0)
+    window = jnp.take_along_axis(
+      context.inputs, start[:, None] + jnp.arange(depth + 1)[None], axis=1
+    )
+    ds = model.rollback(state, start)
+    logits, ds = model.score(ds, window)
+    root_logits = logits[rows, n - start]
+    ds = model.rollback(ds, n + 1)
+
+    def level_logits(d, fed, tokens, ds):
+      _, attention = shape.draft_attention(d)
+      return model.score_tree(ds, tokens[:, fed], attention)
+
+    return tree_draft.expand(
+      shape, sampler, root_logits, level_logits, ds, context.keys
+    )
 
 
 def _fixed_steps(model, sampler, ds, x1, step_keys):
