@@ -13,7 +13,6 @@ from spec_decode.core import loops
 from spec_decode.core import placement
 from spec_decode.core import sampling
 from spec_decode.core import tree_generate
-from spec_decode.core import tree_generate
 from spec_decode.core import verify
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
@@ -120,10 +119,6 @@ class GenerateOutput:
   # per-depth/rank acceptance, tokens per call; with tree='auto' also
   # the choice), `tree_generate.report`; else None.
   tree: dict | None = None
-  # With `tree=`: the shape and what the decode measured (per-node and
-  # per-depth/rank acceptance, tokens per call; with tree='auto' also
-  # the choice), `tree_generate.report`; else None.
-  tree: dict | None = None
 
 
 # `dynamic_gamma=True` uses this draft-confidence threshold.
@@ -197,7 +192,6 @@ def generate(
   lenience: float = 1.0,
   dynamic_gamma: bool | float = False,
   tree: Any = None,
-  tree: Any = None,
   max_auto_gamma: int = auto_gamma.MAX_GAMMA,
 ) -> GenerateOutput:
   """Decodes `encoder_tokens [B, S]` (int, padded with 0).
@@ -229,11 +223,6 @@ def generate(
       threshold tau in (0, 1): a model draft stops proposing in a row where
       its confidence (largest draft probability) drops below tau, so gamma
       is the most tokens an iteration proposes. Exact either way.
-    tree: None (chains of `gamma`), or token trees verified in one
-      target call each: Medusa-style paths of child ranks
-      (`[[0], [1], [0, 0]]`), a per-depth branching tuple (`(3, 2, 1)`;
-      `(1,) * gamma` is the chain) or 'auto' (`core.tree_auto`). Exact
-      for greedy and sampling (`core.tree_verify`); `gamma` is ignored.
     tree: None (chains of `gamma`), or token trees verified in one
       target call each: Medusa-style paths of child ranks
       (`[[0], [1], [0, 0]]`), a per-depth branching tuple (`(3, 2, 1)`;
@@ -281,12 +270,6 @@ def generate(
     tree_shape = tree_generate.check(
       model, draft, tree, verifier, lenience, tau
     )
-  if tree is not None:
-    if auto:
-      raise ValueError("tree= replaces gamma; leave gamma='auto' out")
-    tree_shape = tree_generate.check(
-      model, draft, tree, verifier, lenience, tau
-    )
   if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
     raise ValueError(f'lenience must be in (0, 1], got {lenience!r}')
   if verifier is not None and lenience != 1.0:
@@ -327,12 +310,6 @@ def generate(
     )
   else:
     enc, keys = jnp.asarray(tokens), row_keys(seed, batch)
-  if tree is not None:
-    out, lengths, counters, report = tree_generate.run(
-      model, draft, enc, keys, settings, tree_shape, batch
-    )
-    stats = SpecStats.from_counters(counters, lengths)
-    return GenerateOutput(out, lengths, stats, tree=report)
   if tree is not None:
     out, lengths, counters, report = tree_generate.run(
       model, draft, enc, keys, settings, tree_shape, batch
