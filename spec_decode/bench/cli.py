@@ -1,7 +1,7 @@
 """`spec-decode bench`: speed measured side by side, and the sub-benchmarks.
 
   spec-decode bench [--quick] [--out bench.json] [--kernel both|on|off|none]
-      [--kernel_only] [--profile on|off] [--profile_only]
+      [--kernel_only] [--profile on|off] [--profile_only] [--policy_only]
   spec-decode bench BENCHMARK [its flags]
 
 Without a BENCHMARK: the sections of `bench.speed` (plain decoding
@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     '--profile_only', action='store_true', help='only the --profile section'
   )
+  parser.add_argument(
+    '--policy_only',
+    action='store_true',
+    help="only the gamma='auto' batch x alpha grid (JSON key batch_policy)",
+  )
   # Listed for --help; `main` runs a sub-benchmark before parsing.
   subcommands = parser.add_subparsers(
     title='sub-benchmarks',
@@ -97,6 +102,13 @@ def _run_speed(args: argparse.Namespace) -> int:
   cfg = speed.QUICK if args.quick else speed.FULL
   if args.kernel is None:
     args.kernel = 'none' if args.quick else 'both'
+  if args.policy_only:
+    results = {'batch_policy': speed.policy_section(cfg), 'quick': args.quick}
+    with open(args.out, 'w') as f:
+      json.dump(results, f, indent=2)
+    print(report.policy_markdown(results['batch_policy']))
+    print(f'\nwrote {args.out}')
+    return 0
   only = args.kernel_only or args.profile_only
   results = {} if only else speed.run(cfg)
   if args.kernel != 'none' and not args.profile_only:

@@ -182,6 +182,8 @@ def to_markdown(r: dict[str, Any]) -> str:
       f'{s["speculative_tokens_per_s"]:.1f} | '
       f'{s["speedup"]:.2f}x |'
     )
+  if r.get('batch_policy'):
+    lines += ['', policy_markdown(r['batch_policy'])]
   pairs = r.get('hf_pairs', {})
   skipped = [p['skipped'] for p in pairs.values() if 'skipped' in p]
   if skipped:
@@ -215,4 +217,30 @@ def to_markdown(r: dict[str, Any]) -> str:
     f'{r["compile_seconds_plain"]:.1f}s; recompilations after '
     f'warm-up: {r["recompilations"]}',
   ]
+  return '\n'.join(lines)
+
+
+def policy_markdown(rows: list[dict[str, Any]]) -> str:
+  """Section 4b: gamma='auto' against plain and each fixed gamma."""
+  gammas = list(rows[0]['fixed_tok_s']) if rows else []
+  lines = [
+    "## gamma='auto' by batch size (controlled alpha, greedy)",
+    '',
+    '| batch | alpha | plain tok/s | '
+    + ' | '.join(f'γ={g}' for g in gammas)
+    + ' | auto tok/s | auto/plain | auto/best fixed (γ) | auto iterations '
+    'per γ |',
+    '|' + '---|' * (len(gammas) + 7),
+  ]
+  for row in rows:
+    used = ', '.join(
+      f'{g}:{n}' for g, n in row['auto_gamma_iterations'].items() if n
+    )
+    lines.append(
+      f'| {row["batch"]} | {row["alpha"]} | {row["plain_tok_s"]:.1f} | '
+      + ' | '.join(f'{row["fixed_tok_s"][g]:.1f}' for g in gammas)
+      + f' | {row["auto_tok_s"]:.1f} | {row["auto_vs_plain"]:.2f} | '
+      f'{row["auto_vs_best_fixed"]:.2f} ({row["best_fixed_gamma"]}) | '
+      f'{used} |'
+    )
   return '\n'.join(lines)

@@ -9,6 +9,9 @@ Sections (all medians over repeats, after warm-up, in one process):
      with the generalized prediction E[tokens] / (gamma c + v) from measured
      c and v, end to end and for the decode loops alone (setup subtracted);
   4. tokens/s of plain and speculative decoding at batch 1, 4, 8, 16;
+  4b. gamma='auto' (the in-loop goodput policy) against plain and each
+     fixed gamma over a grid of batch sizes x controlled alphas
+     (`bench.batch_policy`, JSON key `batch_policy`);
   5. peer: Hugging Face transformers greedy and assisted generation against
      ours on the same weights and inputs (`bench.peer`);
   6. first-call compile time, and the number of recompilations after warm-up.
@@ -39,6 +42,7 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode import theory
+from spec_decode.bench import batch_policy
 from spec_decode.bench import controlled
 from spec_decode.bench import peer
 from spec_decode.bench import profile
@@ -62,6 +66,8 @@ class BenchConfig:
   batches: tuple[int, ...]
   copy_mb: int
   peer_pairs: tuple[str, ...] = ('deep decoder', 'base')
+  policy_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+  policy_alphas: tuple[float, ...] = (0.5, 0.8, 0.95)
 
 
 def _v1_1(vocab, emb, heads, mlp, layers) -> sd.T5Config:
@@ -96,6 +102,8 @@ QUICK = BenchConfig(
   batches=(1, 8),
   copy_mb=256,
   peer_pairs=('deep decoder',),
+  policy_batches=(1, 8, 32),
+  policy_alphas=(0.5, 0.95),
 )
 
 
@@ -326,6 +334,21 @@ def decode_sections(
   return results, reference
 
 
+def policy_section(cfg: BenchConfig, target=None, draft_net=None) -> list:
+  """Section 4b: `batch_policy.run` over the config's grid."""
+  if target is None:
+    target = peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
+    draft_net = sd.Model.init(cfg.draft, seed=1)
+  return batch_policy.run(
+    target,
+    draft_net,
+    cfg.max_decode_len,
+    cfg.repeats,
+    cfg.policy_batches,
+    cfg.policy_alphas,
+  )
+
+
 def profile_section(
   cfg: BenchConfig, target=None, draft_net=None, reference=None
 ) -> dict[str, Any]:
@@ -412,6 +435,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
       speedup=pt / st,
     )
   results['batch'] = batch_rows
+
+  # 4b. gamma='auto' against plain and fixed gammas, batch x alpha.
+  results['batch_policy'] = policy_section(cfg, target, draft_net)
 
   # 5. peer runs, each pair a target and an agreeing truncated copy of it.
   pairs = {

@@ -1,0 +1,168 @@
+"""Bench section: gamma='auto' against plain and every fixed gamma, by batch.
+
+A grid of batch sizes x controlled acceptance rates (`ControlledDraft`,
+greedy, the bench target with EOS suppressed so every row decodes M tokens):
+tokens/s of plain decoding, of each fixed gamma in `GAMMAS` and of
+`gamma='auto'` (the in-loop goodput policy, `core.gamma_policy`), timed side
+by side in rounds (one repeat of each per round, medians), so that a busy
+machine slows them alike. The policy's costs are measured in this run (a
+fresh cost cache) before its decodes are timed; the measurement is reported,
+not timed. Every speculative output is checked equal to the plain one.
+
+JSON (`batch_policy`): a list of rows `{batch, alpha, plain_tok_s,
+auto_tok_s, best_fixed_tok_s, best_fixed_gamma, fixed_tok_s, auto_vs_plain,
+auto_vs_best_fixed, auto_gamma_iterations, cost_measure_seconds}`.
+"""
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import spec_decode as sd
+from spec_decode.bench import controlled
+
+GAMMAS = (1, 2, 4, 8)
+MAX_AUTO_GAMMA = 8
+
+
+def _draft(draft_net, reference, alpha: float):
+  return controlled.ControlledDraft(
+    inner=draft_net,
+    reference=jnp.asarray(reference),
+    alpha=jnp.float32(alpha),
+    key=jax.random.key(17),
+  )
+
+
+def _inputs(batch: int) -> np.ndarray:
+  rng = np.random.default_rng(batch)
+  return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
+
+
+def _timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, float]:
+  """Median seconds of each `runs[name]()`, one call of each per round."""
+  times = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - t0)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run(
+  target,
+  draft_net,
+  max_decode_len: int,
+  repeats: int,
+  batches: Sequence[int],
+  alphas: Sequence[float],
+  gammas: Sequence[int] = GAMMAS,
+) -> list[dict[str, Any]]:
+  """The grid's rows (see the module docstring)."""
+  m = max_decode_len
+  rows = []
+  old = os.environ.get('SPEC_DECODE_CACHE_DIR')
+  with tempfile.TemporaryDirectory() as cache:
+    os.environ['SPEC_DECODE_CACHE_DIR'] = cache
+    try:
+      for b in batches:
+        enc = _inputs(b)
+        plain = sd.generate(target, enc, max_decode_len=m)
+        reference = sd.generate(
+          target, enc, max_decode_len=m + MAX_AUTO_GAMMA + 2
+        ).tokens
+        for alpha in alphas:
+          rows.append(
+            _cell(
+              target,
+              draft_net,
+              enc,
+              plain,
+              reference,
+              alpha,
+              m,
+              repeats,
+              gammas,
+            )
+          )
+          print(
+            f'batch_policy: batch {b} alpha {alpha}: '
+            f'{rows[-1]["auto_vs_plain"]:.2f}x plain, '
+            f'{rows[-1]["auto_vs_best_fixed"]:.2f}x best fixed',
+            flush=True,
+          )
+    finally:
+      if old is None:
+        os.environ.pop('SPEC_DECODE_CACHE_DIR', None)
+      else:
+        os.environ['SPEC_DECODE_CACHE_DIR'] = old
+  return rows
+
+
+def _cell(target, draft_net, enc, plain, reference, alpha, m, repeats, gammas):
+  b = enc.shape[0]
+  draft = _draft(draft_net, reference, alpha)
+
+  def spec(gamma):
+    return lambda: (
+      sd.generate(
+        target,
+        enc,
+        draft=draft,
+        gamma=gamma,
+        max_decode_len=m,
+        max_auto_gamma=MAX_AUTO_GAMMA,
+      ).tokens
+    )
+
+  # Warm-up: compiles, the auto policy's cost measurement, greedy identity.
+  t0 = time.perf_counter()
+  auto = sd.generate(
+    target,
+    enc,
+    draft=draft,
+    gamma='auto',
+    max_decode_len=m,
+    max_auto_gamma=MAX_AUTO_GAMMA,
+  )
+  measure_seconds = time.perf_counter() - t0
+  assert (auto.tokens == plain.tokens).all(), 'greedy identity broken (auto)'
+  for g in gammas:
+    assert (spec(g)() == plain.tokens).all(), f'greedy identity broken ({g})'
+  runs = {
+    'plain': lambda: sd.generate(target, enc, max_decode_len=m).tokens,
+    'auto': spec('auto'),
+    **{str(g): spec(g) for g in gammas},
+  }
+  seconds = _timed_rounds(runs, repeats)
+  tok_s = {name: b * m / s for name, s in seconds.items()}
+  fixed = {int(g): tok_s[str(g)] for g in gammas}
+  best = max(fixed, key=fixed.get)
+  return dict(
+    batch=b,
+    alpha=alpha,
+    plain_tok_s=tok_s['plain'],
+    auto_tok_s=tok_s['auto'],
+    best_fixed_tok_s=fixed[best],
+    best_fixed_gamma=best,
+    fixed_tok_s={str(g): t for g, t in fixed.items()},
+    auto_vs_plain=tok_s['auto'] / tok_s['plain'],
+    auto_vs_best_fixed=tok_s['auto'] / fixed[best],
+    auto_gamma_iterations={
+      str(g): n for g, n in auto.gamma_choice['gamma_iterations'].items()
+    },
+    auto_iteration_ms={
+      str(g): (None if s is None else s * 1e3)
+      for g, s in auto.gamma_choice['iteration_seconds'].items()
+    },
+    alpha_measured=auto.stats.alpha,
+    cost_measure_seconds=measure_seconds,
+  )
