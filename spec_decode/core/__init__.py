@@ -1,6 +1,6 @@
 """The engine: speculative decoding for any pair of language models.
 
-No gin, no files, no T5 specifics. The loops talk to models only through
+No gin, no T5 specifics, no files but auto_gamma's cost cache. The loops talk to models only through
 `protocol.LanguageModel` and to drafters only through `drafter.Drafter`.
 
   protocol.py        the language-model protocol (init_state, score, rollback)
@@ -14,7 +14,8 @@ No gin, no files, no T5 specifics. The loops talk to models only through
   generation.py      `generate`: checks, keys, placement, stats
   placement.py       the mesh interface generate needs; host arrays
   costs.py           timing c and v(k)
-  auto_gamma.py      gamma='auto' from a measured alpha and timings
+  gamma_policy.py    gamma='auto': the per-iteration goodput policy
+  auto_gamma.py      its cost model: loop seconds per gamma, cached on disk
   pair_check.py      is a target/draft pair exact? (`sd.verify`)
   ids.py             pad/start, EOS and unk ids
 """
