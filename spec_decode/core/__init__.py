@@ -1,7 +1,8 @@
 """The engine: speculative decoding for any pair of language models.
 
-No gin, no T5 specifics, no files but auto_gamma's cost cache. The loops talk to models only through
-`protocol.LanguageModel` and to drafters only through `drafter.Drafter`.
+No gin, no T5 specifics, no files but auto_gamma's cost cache. The loops
+talk to models only through `protocol.LanguageModel` and to drafters only
+through `drafter.Drafter`.
 
   protocol.py        the language-model protocol (init_state, score, rollback)
   drafter.py         the drafter protocol (propose) and its data
