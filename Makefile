@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell (cat setup.py; echo '$(EXTRAS)') | cksum | c
 
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: install test demo demo-random bench lint format clean
+.PHONY: install test test-slow demo demo-random bench lint format clean
 
 install: $(STAMP)
 
@@ -22,8 +22,13 @@ $(STAMP): setup.py
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# `multiprocess` tests start several spec-decode processes (partitioned and
+# multi-process eval runs, minutes on two cores): `make test-slow` runs them.
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not multiprocess" tests
+
+test-slow: install
+	$(PY) -m pytest -q -m multiprocess tests
 
 # The default eval run: the committed demo pair on the offline Debian EnDe
 # task (the data is built from apt's translation lists on first use).

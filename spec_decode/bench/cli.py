@@ -41,6 +41,10 @@ BENCHMARKS = {
     'spec_decode.bench.drafter_table',
     'acceptance of the unigram, bigram and Copy drafters on a Debian task',
   ),
+  'memory': (
+    'spec_decode.bench.memory',
+    'bytes per device on the capacity plan meshes, against the plan',
+  ),
   'hierarchical': (
     'spec_decode.bench.hierarchical',
     'hierarchical drafting on the demo pair (Debian EnDe, greedy)',

@@ -43,6 +43,13 @@ Flags:
   --tfds_data_dir DIR  T5X's flag: the TFDS data directory (DATA_DIR).
   --alsologtostderr    T5X's flag; accepted, no effect.
 
+Partitioned and multi-process runs: NUM_PARTITIONS (or T5X's
+`--gin.partitioning.PjitPartitioner.num_partitions`) sets the `model` axis
+of the mesh, `data` takes the other devices; with JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES and JAX_PROCESS_ID in the environment every process runs
+this same command on one global mesh and process 0 writes the files (see
+the README, "Running on a TPU mesh or several hosts").
+
 A config that also includes `runs/compare.gin` (and binds DRAFTS) runs
 `spec_decode.eval.compare.compare`: one eval per drafter x temperature x
 lenience x dynamic-gamma threshold, and a comparison table.
@@ -59,12 +66,15 @@ import argparse
 import os
 import sys
 
+import jax
+
 from spec_decode import gin_cli
 from spec_decode import paths
 from spec_decode.eval import compare
 from spec_decode.eval import records
 from spec_decode.eval import run as run_lib
 from spec_decode.eval import t5x_run_cli
+from spec_decode.parallel import multihost
 
 DEFAULT_CONFIG = 'demo_debian_ende.gin'
 DEFAULT_OUTPUT_ROOT = 'eval_results'
@@ -108,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
   except gin_cli.GinFlagError as e:
     _error(e)
     return 2
+  try:
+    # Before anything touches JAX: joins the other processes when the
+    # environment names a coordinator (README: several hosts).
+    multihost.initialize()
+  except ValueError as e:
+    _error(e)
+    return 2
   if not args.gin_file and not flag_bindings and _missing_demo_checkpoints():
     _error(
       'the default run (configs/demo_debian_ende.gin) needs the trained demo '
@@ -143,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
   except (FileNotFoundError, ValueError) as e:
     _error(e)
     return 1
+  if jax.process_index() != 0:  # Process 0 writes the run's files.
+    return 0
   with open(os.path.join(output_dir, 'config.gin'), 'w', encoding='utf-8') as f:
     f.write(gin_cli.operative_config())
   print(

@@ -1,10 +1,13 @@
-"""Models and vocabularies for eval runs, and how a run names them.
+"""Models, their mesh and vocabularies for eval runs, and how a run names them.
 
-`load_model` reads a checkpoint (ours, Hugging Face or T5X) or builds a
-randomly initialized network from a gin model file; `task_vocabulary` trains
-a small sentencepiece model on a task split (smoke runs). `describe` labels
-a model in the report and `fingerprint` identifies it in run_state.json, so
-that a rerun with another model is refused instead of resumed.
+`partitioner` builds the run's device mesh from T5X's knobs
+(`num_partitions`, `model_parallel_submesh`: the `model` axis; `data` takes
+the remaining devices), or none for a single-device run; `load_model` reads
+a checkpoint (ours, Hugging Face or T5X) or builds a randomly initialized
+network from a gin model file; `task_vocabulary` trains a small
+sentencepiece model on a task split (smoke runs). `describe` labels a model
+in the report and `fingerprint` identifies it in run_state.json, so that a
+rerun with another model is refused instead of resumed.
 """
 
 import functools
@@ -19,7 +22,70 @@ import numpy as np
 import spec_decode as sd
 from spec_decode import paths
 from spec_decode.data import tasks as tasks_lib
+from spec_decode.parallel import partitioning
 from spec_decode.t5 import vocab as vocab_lib
+
+
+def partitioner(
+  num_partitions: int | None = None,
+  model_parallel_submesh: Sequence[int] | None = None,
+  batch_size: int | None = None,
+) -> partitioning.Partitioner | None:
+  """The run's mesh: `model` = `num_partitions`, `data` = the other devices.
+
+  Args:
+    num_partitions: size of the `model` axis (T5X's
+      `PjitPartitioner.num_partitions`; gin: NUM_PARTITIONS).
+    model_parallel_submesh: T5X's `(x, y, z, cores)` model tile, whose
+      product is the `model` size (gin: MODEL_PARALLEL_SUBMESH).
+    batch_size: the run's rows per decode; with several processes it must
+      split over the `data` axis (each process feeds its rows).
+
+  Returns:
+    None when neither knob is set in a single process (the models stay on
+    one device, as before); else a `Partitioner` over all devices (of all
+    processes).
+
+  Raises:
+    ValueError: a bad or inconsistent size, more partitions than devices,
+      or a batch that does not split over `data` in a multi-process run.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  for name, value in (
+    ('num_partitions', num_partitions),
+    ('batch_size', batch_size),
+  ):
+    if value is not None and (
+      isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ):
+      raise ValueError(f'{name} must be an int >= 1 or None, got {value!r}')
+  if model_parallel_submesh is not None:
+    if isinstance(model_parallel_submesh, (str, bytes)) or not all(
+      isinstance(n, int) and not isinstance(n, bool) and n >= 1
+      for n in model_parallel_submesh
+    ):
+      raise ValueError(
+        'model_parallel_submesh must be a tuple of ints >= 1 (T5X: '
+        f'(x, y, z, cores)), got {model_parallel_submesh!r}'
+      )
+    model_parallel_submesh = tuple(model_parallel_submesh)
+  processes = jax.process_count()
+  if num_partitions is None and model_parallel_submesh is None:
+    if processes == 1:
+      return None
+    num_partitions = 1
+  p = partitioning.Partitioner(
+    num_partitions=num_partitions,
+    model_parallel_submesh=model_parallel_submesh,
+  )
+  if processes > 1 and batch_size is not None and batch_size % p.data_size:
+    raise ValueError(
+      f'BATCH_SIZE {batch_size} does not split over the data axis of the '
+      f'{p.data_size} x {p.model_size} mesh ({processes} processes feed '
+      f'their rows of every batch); use a multiple of {p.data_size}'
+    )
+  return p
 
 
 def load_model(
@@ -30,6 +96,8 @@ def load_model(
   vocab_size: int | None = None,
   dtype: Any = None,
   search_paths: Sequence[str] = (),
+  partitioner: partitioning.Partitioner | None = None,
+  replicated: bool = False,
 ) -> sd.Model:
   """A model from a checkpoint, or with random weights from a gin file.
 
@@ -47,6 +115,11 @@ def load_model(
     dtype: parameter storage dtype of a loaded checkpoint.
     search_paths: where the gin file's includes are looked up first (T5X's
       `--gin_search_paths`).
+    partitioner: the run's mesh (`partitioner()`): every tensor is read
+      or initialized straight into its shards; None: one device.
+    replicated: put the parameters whole on every device of the mesh (a
+      small draft, as docs/capacity_plan.md lays it out); the decode state
+      is still split by rows.
 
   Returns:
     The `Model`.
@@ -56,6 +129,8 @@ def load_model(
     ValueError: neither a checkpoint nor a gin file, or no vocabulary size.
   """
   vocab = as_vocabulary(vocabulary)
+  if partitioner is not None and replicated:
+    partitioner = partitioner.replicated()
   if checkpoint:
     path = paths.resolve(checkpoint)
     if not os.path.exists(path):
@@ -66,6 +141,7 @@ def load_model(
       vocabulary=vocab,
       dtype=dtype,
       search_paths=tuple(search_paths),
+      partitioner=partitioner,
     )
   if not model_gin:
     raise ValueError(
@@ -82,7 +158,9 @@ def load_model(
   config = sd.T5Config.from_gin(
     model_gin, vocab_size=int(vocab_size), search_paths=tuple(search_paths)
   )
-  return sd.Model.init(config, seed=seed, vocabulary=vocab)
+  return sd.Model.init(
+    config, seed=seed, vocabulary=vocab, partitioner=partitioner
+  )
 
 
 def as_vocabulary(vocabulary: Any) -> vocab_lib.Vocabulary | None:

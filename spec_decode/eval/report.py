@@ -177,6 +177,24 @@ def _f(x: float, digits: int = 2) -> str:
   return f'{x:.{digits}f}' if math.isfinite(x) else str(x)
 
 
+def _mesh_line(r: dict[str, Any]) -> str:
+  """Where the run decoded: mesh, processes, bytes per device."""
+  mesh, mem = r['mesh'], r.get('memory') or {}
+  line = (
+    f'mesh data {mesh["data"]} x model {mesh["model"]}, '
+    f'{r.get("num_processes", 1)} process(es)'
+  )
+  if mem:
+    mib = {k: v / 2**20 for k, v in mem.items()}
+    line += (
+      f'; per device: target params {mib["target_params"]:.2f} MiB + '
+      f'caches {mib["target_cache"]:.2f} MiB, draft params '
+      f'{mib["draft_params"]:.2f} MiB + caches {mib["draft_cache"]:.2f} MiB '
+      f'(total {mib["total"]:.2f} MiB)'
+    )
+  return line + '.'
+
+
 def summary_markdown(r: dict[str, Any]) -> str:
   """The run's report: a Table 4 style row, quality, acceptance, timings."""
   label = (
@@ -195,6 +213,8 @@ def summary_markdown(r: dict[str, Any]) -> str:
     f'{r["top_p"]}; max_decode_len {r["max_decode_len"]}; {label}.',
     '',
   ]
+  if r.get('mesh'):
+    lines += [_mesh_line(r), '']
   if r.get('gamma_choice'):
     ch = r['gamma_choice']
     cal = ch['calibration']

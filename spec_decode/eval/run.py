@@ -58,19 +58,24 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from spec_decode import theory
 from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
+from spec_decode.eval import hosts as hosts_lib
 from spec_decode.eval import loading
 from spec_decode.eval import records as records_lib
 from spec_decode.eval import report
 from spec_decode.eval import settings as settings_lib
 from spec_decode.eval import task_data
+from spec_decode.parallel import memory
 from spec_decode.t5 import vocab as vocab_lib
 
 EvalSettings = settings_lib.EvalSettings
 parse_gamma = settings_lib.parse_gamma
 load_model = loading.load_model
+partitioner = loading.partitioner
 task_vocabulary = loading.task_vocabulary
 RESULTS_FILE = records_lib.RESULTS_FILE
 SUMMARY_FILE = records_lib.SUMMARY_FILE
@@ -120,65 +125,94 @@ def evaluate(
   )
   draft_vocab = getattr(draft, 'vocabulary', None)
   vocab_lib.check_compatible(vocab, draft_vocab)
+  hosts = hosts_lib.Hosts(target, draft, s.batch_size)
   extra = s.calibration_batches * s.batch_size if s.gamma == 'auto' else 0
-  data = task_data.load(s, vocab, extra)
+  data = task_data.load(s, vocab, extra, hosts.owner)
   vocab_lib.check_compatible(data.vocabulary, draft_vocab)
-  exs, token_lists = data.examples, data.token_lists
+  exs = data.examples
+  lengths = hosts.agreed_lengths(data.token_lists + data.calibration_tokens)
   identity = _identity(s, len(exs), target, draft, data.vocabulary)
   if data.source != seqio_data.BUILTIN:
     identity['task_source'] = data.source
-  state = records_lib.prepare_dir(output_dir, identity, overwrite)
+  path = os.path.join(output_dir, EXAMPLES_FILE)
+  opened = None
+  if hosts.writer:
+    try:
+      state = records_lib.prepare_dir(output_dir, identity, overwrite)
+      records = records_lib.read_records(path, s.batch_size, len(exs))
+      opened = {'state': state, 'done': len(records)}
+    except ValueError as e:
+      opened = {'error': str(e)}
+  opened = hosts.share(opened)
+  if 'error' in opened:
+    raise ValueError(opened['error'])
+  state = opened['state']
+  if not hosts.writer:  # Process 0 holds the earlier records.
+    records = [None] * opened['done']
   decode = decoding.Decoder(target, draft, s)
 
   if s.gamma == 'auto':
     if 'gamma_choice' not in state:
-      state['gamma_choice'] = _calibrate(decode, data)
-      records_lib.save_state(output_dir, state)
+      state['gamma_choice'] = hosts.share(
+        _calibrate(decode, data, hosts, lengths)
+      )
+      if hosts.writer:
+        records_lib.save_state(output_dir, state)
     gammas = [int(state['gamma_choice']['gamma'])]
   else:
     gammas = list(s.gamma)
 
-  path = os.path.join(output_dir, EXAMPLES_FILE)
-  records = records_lib.read_records(path, s.batch_size, len(exs))
   _run_batches(
     decode,
-    data.decode,
-    exs,
-    token_lists,
+    data,
+    hosts,
+    lengths,
     records,
     gammas,
-    path,
-    progress,
+    path if hosts.writer else None,
+    progress and hosts.writer,
     on_batch_done,
   )
 
   costs = decode.costs([g + 1 for g in gammas], gammas[0])
-  results = report.results(
-    records, gammas, data.score, s.batch_size, costs, data.metric
-  )
-  results.update(
-    **s.reported(),
-    task_source=data.source,
-    exact_algorithm=s.exact_algorithm,
-    target=loading.describe(target, s.target_name),
-    draft=loading.describe(draft, s.draft_name),
-    gamma_mode=(
-      'auto'
-      if 'gamma_choice' in state
-      else 'sweep'
-      if len(gammas) > 1
-      else 'fixed'
-    ),
-    gamma_choice=state.get('gamma_choice'),
-  )
-  summary = report.summary_markdown(results)
-  records_lib.write_results(output_dir, results, summary)
-  records_lib.write_predictions(
-    output_dir, data.subtasks, data.pretokenized, records, gammas[0]
-  )
-  if print_summary:
-    print(summary)
-  return results
+  results = None
+  if hosts.writer:
+    results = report.results(
+      records, gammas, data.score, s.batch_size, costs, data.metric
+    )
+    results.update(
+      **s.reported(),
+      task_source=data.source,
+      exact_algorithm=s.exact_algorithm,
+      target=loading.describe(target, s.target_name),
+      draft=loading.describe(draft, s.draft_name),
+      gamma_mode=(
+        'auto'
+        if 'gamma_choice' in state
+        else 'sweep'
+        if len(gammas) > 1
+        else 'fixed'
+      ),
+      gamma_choice=state.get('gamma_choice'),
+      mesh=hosts.mesh,
+      num_processes=hosts.count,
+      memory=memory.decode_bytes(
+        target,
+        draft,
+        s.batch_size,
+        max(s.max_input_len, 1),
+        s.max_decode_len,
+        max(gammas),
+      ),
+    )
+    summary = report.summary_markdown(results)
+    records_lib.write_results(output_dir, results, summary)
+    records_lib.write_predictions(
+      output_dir, data.subtasks, data.pretokenized, records, gammas[0]
+    )
+    if print_summary:
+      print(summary)
+  return hosts.share(results)
 
 
 def _identity(
@@ -210,18 +244,20 @@ def _identity(
 
 def _run_batches(
   decode: decoding.Decoder,
-  to_text: Callable[[list[int]], str],
-  exs: list[dict[str, str]],
-  token_lists: list[list[int]],
-  records: list[dict[str, Any]],
+  data: task_data.TaskData,
+  hosts: hosts_lib.Hosts,
+  lengths: np.ndarray,
+  records: list[dict[str, Any] | None],
   gammas: list[int],
-  path: str,
+  path: str | None,
   progress: bool,
   on_batch_done: Callable[[int], None] | None,
 ) -> None:
-  """Decodes the batches after `records`; appends to them and to `path`."""
+  """Decodes the batches after `records`; appends to them and to `path`
+  (None: this process does not write)."""
   from tqdm import auto as tqdm  # pylint: disable=g-import-not-at-top
 
+  exs, to_text = data.examples, data.decode
   done = len(records)
   batch_size = decode.settings.batch_size
   bar = tqdm.tqdm(
@@ -235,7 +271,9 @@ def _run_batches(
   totals = {'beta': 0.0, 'tested': 0, 'tokens': 0, 'seconds': 0.0}
   try:
     for indices in decoding.batches(done, len(exs), batch_size):
-      enc, seeds = decoding.batch_arrays(token_lists, indices, decode.settings)
+      enc, seeds = hosts.batch(
+        data.token_lists, lengths, indices, decode.settings
+      )
       plain, plain_s = decode(enc, seeds)
       specs = {g: decode(enc, seeds, g) for g in gammas}
       new = []
@@ -245,7 +283,7 @@ def _run_batches(
           'index': i,
           'input': exs[i]['inputs'],
           'reference': exs[i]['targets'],
-          'input_tokens': len(token_lists[i]),
+          'input_tokens': int(lengths[i]),
           'plain': to_text(tokens),
           'plain_tokens': tokens,
           'plain_seconds': plain_s / len(indices),
@@ -267,7 +305,8 @@ def _run_batches(
             totals['tokens'] += len(st)
         new.append(rec)
       totals['seconds'] += specs[gammas[0]][1]
-      records_lib.append_records(path, new)
+      if path is not None:
+        records_lib.append_records(path, new)
       records.extend(new)
       bar.update(len(indices))
       bar.set_postfix(
@@ -281,7 +320,10 @@ def _run_batches(
 
 
 def _calibrate(
-  decode: decoding.Decoder, data: task_data.TaskData
+  decode: decoding.Decoder,
+  data: task_data.TaskData,
+  hosts: hosts_lib.Hosts,
+  lengths: np.ndarray,
 ) -> dict[str, Any]:
   """Auto-γ: α from a few speculative batches, c and v(k), then γ.
 
@@ -299,7 +341,7 @@ def _calibrate(
   cal = cal[: s.calibration_batches]
   beta_sum, tested = 0.0, 0
   for indices in cal:
-    enc, seeds = decoding.batch_arrays(token_lists, indices, s)
+    enc, seeds = hosts.batch(token_lists, lengths, indices, s)
     out, _ = decode(enc, seeds, s.calibration_gamma, timed=False)
     for r in range(len(indices)):
       st = out.tokens[r, : out.lengths[r]].tolist()

@@ -9,8 +9,10 @@ A T5X user's eval or infer command line runs here with the draft added:
   target's model: `TARGET_MODEL_GIN`, read by `t5/gin_file.py`, not by gin.
 * Command-line bindings of T5X's `utils.DatasetConfig` and
   `utils.RestoreCheckpointConfig` fields become the macros they set
-  (`DatasetConfig.split` -> `SPLIT`, ...); T5X bindings with no counterpart
-  (the partitioner, checkpoint modes) are errors naming them.
+  (`DatasetConfig.split` -> `SPLIT`, ...; `partitioning.PjitPartitioner.
+  num_partitions` -> `NUM_PARTITIONS`, `.model_parallel_submesh` ->
+  `MODEL_PARALLEL_SUBMESH`); T5X bindings with no counterpart (logical axis
+  rules, checkpoint modes) are errors naming them.
 * Aliases (`TASK` for `MIXTURE_OR_TASK_NAME`, ...; `ALIASES`): a binding on
   the command line beats one in a file, and at the same level the T5X name
   beats its alias. runs/eval.gin links each T5X name to its alias
@@ -48,6 +50,8 @@ T5X_PARAMETERS = {
   'DatasetConfig.split': 'SPLIT',
   'DatasetConfig.batch_size': 'BATCH_SIZE',
   'RestoreCheckpointConfig.path': 'CHECKPOINT_PATH',
+  'PjitPartitioner.num_partitions': 'NUM_PARTITIONS',
+  'PjitPartitioner.model_parallel_submesh': 'MODEL_PARALLEL_SUBMESH',
   'eval_script.evaluate.output_dir': 'EVAL_OUTPUT_DIR',
   'infer_script.infer.output_dir': 'INFER_OUTPUT_DIR',
 }

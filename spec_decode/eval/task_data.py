@@ -46,7 +46,7 @@ class TaskData:
       functions' names).
     vocabulary: the model vocabulary the ids belong to.
     examples: `{'inputs', 'targets'}` text per example.
-    token_lists: encoder ids per example.
+    token_lists: encoder ids per example (None: another process's).
     calibration_tokens: encoder ids of the examples after those.
     decode: output ids -> text.
     score: see `Scorer`.
@@ -59,8 +59,8 @@ class TaskData:
   metric: str
   vocabulary: vocab_lib.Vocabulary
   examples: list[dict[str, str]]
-  token_lists: list[list[int]]
-  calibration_tokens: list[list[int]]
+  token_lists: list[list[int] | None]
+  calibration_tokens: list[list[int] | None]
   decode: Callable[[list[int]], str]
   score: Scorer
   subtasks: list[str]
@@ -71,6 +71,7 @@ def load(
   settings: settings_lib.EvalSettings,
   vocabulary: vocab_lib.Vocabulary | None,
   extra: int = 0,
+  owner: Callable[[int], Callable[[int], bool]] | None = None,
 ) -> TaskData:
   """The settings' task split (see the module docstring).
 
@@ -78,6 +79,11 @@ def load(
     settings: the run's settings (task, split, num_examples, lengths).
     vocabulary: the model's vocabulary (None: the model has none).
     extra: examples to read after the evaluated ones, for calibration.
+    owner: in a multi-process run, `owner(n)` (n: the number of evaluated
+      examples) is the predicate of the examples this process feeds
+      (`hosts.Hosts.owner`); a built-in task's other examples are not
+      tokenized (their `token_lists` entries are None). seqio tasks
+      tokenize in their preprocessors, so every process has every id.
 
   Raises:
     ValueError: an unknown task, no vocabulary, a seqio task whose
@@ -89,7 +95,7 @@ def load(
   if source == seqio_data.SEQIO:
     data = _seqio(settings, vocabulary, extra)
   else:
-    data = _builtin(settings, vocabulary, extra)
+    data = _builtin(settings, vocabulary, extra, owner)
   if not data.examples:
     raise ValueError(f'{settings.task}/{settings.split} has no examples')
   return data
@@ -105,6 +111,7 @@ def _builtin(
   s: settings_lib.EvalSettings,
   vocab: vocab_lib.Vocabulary | None,
   extra: int,
+  owner: Callable[[int], Callable[[int], bool]] | None,
 ) -> TaskData:
   if vocab is None:
     raise ValueError(
@@ -113,7 +120,11 @@ def _builtin(
   task = tasks_lib.get_task(s.task, s.data_dir)
   exs = list(tasks_lib.examples(task, s.split, limit=_limit(s, extra)))
   n = len(exs) if s.num_examples is None else min(s.num_examples, len(exs))
-  tokens = decoding.tokenize(vocab, exs, s.max_input_len)
+  owns = owner(n) if owner is not None else (lambda i: True)
+  tokens = [
+    decoding.tokenize(vocab, [ex], s.max_input_len)[0] if owns(i) else None
+    for i, ex in enumerate(exs)
+  ]
   references = [ex['targets'] for ex in exs[:n]]
 
   def score(texts, _):

@@ -13,14 +13,30 @@ On a pod slice every host (process) runs the same program. Each host
      `multihost_utils.process_allgather` when the array spans hosts).
 
 Everything here also works in a single process, where local means global.
+
+Anywhere (not only on a TPU VM) the processes find each other through the
+environment: `JAX_COORDINATOR_ADDRESS` (`host:port` of process 0),
+`JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`. On CPU, `initialize` selects
+gloo collectives first (XLA:CPU has no cross-process collectives without
+them). A process that dies is noticed by the others through the
+coordination service's heartbeats: they stop with JAX's "another task
+died" message after `SPEC_DECODE_HEARTBEAT_TIMEOUT` seconds (default
+JAX's 100) instead of waiting for it forever.
+
+Eval runs (`eval/run.py`) also use `feeds_rows` (the batch rows whose
+input this process must provide), `rows_to_global` (those rows -> one
+global array), `gather_max` and `broadcast_json` (small values agreed
+once per run).
 """
 
+import json
 import logging
 import os
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from spec_decode.core.placement import is_global  # noqa: F401 (public here)
 from spec_decode.core.placement import local_data  # noqa: F401
@@ -28,13 +44,19 @@ from spec_decode.core.placement import to_host  # noqa: F401
 
 # Set (to 1) by `launch_tpu.sh` on every worker of a TPU VM.
 MULTIHOST_ENV = 'SPEC_DECODE_MULTIHOST'
+# Seconds without a peer's heartbeat before the others stop.
+HEARTBEAT_ENV = 'SPEC_DECODE_HEARTBEAT_TIMEOUT'
+# The environment of a start anywhere (what jax.distributed reads).
+COORDINATOR_ENV = 'JAX_COORDINATOR_ADDRESS'
+NUM_PROCESSES_ENV = 'JAX_NUM_PROCESSES'
+PROCESS_ID_ENV = 'JAX_PROCESS_ID'
 
 _log = logging.getLogger(__name__)
 
 
 def _requested(coordinator_address: str | None) -> bool:
   """Whether the environment asks for a multi-process start."""
-  if coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS'):
+  if coordinator_address or os.environ.get(COORDINATOR_ENV):
     return True
   if os.environ.get(MULTIHOST_ENV, '').lower() in ('1', 'true', 'yes'):
     return True
@@ -63,7 +85,9 @@ def initialize(
 
   Must run before the first JAX computation. Calls
   `jax.distributed.initialize` (which finds the coordinator, the process
-  count and this process's id from the TPU metadata when not given) when
+  count and this process's id from the TPU metadata when neither the
+  arguments nor `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES` and
+  `JAX_PROCESS_ID` give them) when
   `enabled`, or, with `enabled=None`, when any of these is set: a
   coordinator address (argument or `JAX_COORDINATOR_ADDRESS`),
   `SPEC_DECODE_MULTIHOST=1`, or a `TPU_WORKER_HOSTNAMES` listing more than
@@ -77,6 +101,10 @@ def initialize(
 
   Returns:
     True when `jax.distributed` is initialized afterwards.
+
+  Raises:
+    ValueError: `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` or
+      `SPEC_DECODE_HEARTBEAT_TIMEOUT` is not an int.
   """
   if enabled is None:
     enabled = _requested(coordinator_address)
@@ -84,10 +112,19 @@ def initialize(
     return False
   if is_initialized():
     return True
+  coordinator_address = coordinator_address or os.environ.get(COORDINATOR_ENV)
+  if num_processes is None:
+    num_processes = _env_int(NUM_PROCESSES_ENV)
+  if process_id is None:
+    process_id = _env_int(PROCESS_ID_ENV)
+  heartbeat = _env_int(HEARTBEAT_ENV)
+  # Cross-process collectives of XLA:CPU (a no-op for accelerators).
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(
     coordinator_address=coordinator_address,
     num_processes=num_processes,
     process_id=process_id,
+    **({} if heartbeat is None else {'heartbeat_timeout_seconds': heartbeat}),
   )
   _log.info(
     'process %d of %d, %d local devices of %d',
@@ -97,6 +134,16 @@ def initialize(
     jax.device_count(),
   )
   return True
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name, '').strip()
+  if not value:
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f'${name} must be an int, got {value!r}') from None
 
 
 def local_batch_slice(
@@ -148,3 +195,50 @@ def global_batch(
   return jax.make_array_from_process_local_data(
     partitioner.batch_sharding(local_rows.ndim), local_rows, shape
   )
+
+
+def feeds_rows(partitioner, batch: int) -> np.ndarray:
+  """Which rows of a `[batch, ...]` input this process provides, `[batch]`.
+
+  A process provides the rows its devices hold on the mesh's `data` axis
+  (all of them in a single process, or when the `data` axis has one
+  device per process group that spans every process).
+  """
+  sharding = partitioner.batch_sharding(2)
+  mine = np.zeros(batch, bool)
+  for index in sharding.addressable_devices_indices_map((batch, 1)).values():
+    mine[index[0]] = True
+  return mine
+
+
+def rows_to_global(partitioner, rows: np.ndarray) -> jax.Array:
+  """A `[B, ...]` host array -> the global array, batch on `data`.
+
+  Only the rows `feeds_rows` marks are read; the others may hold anything
+  (another process provides them).
+  """
+  rows = np.asarray(rows)
+  return jax.make_array_from_callback(
+    rows.shape, partitioner.batch_sharding(rows.ndim), lambda i: rows[i]
+  )
+
+
+def gather_max(values: np.ndarray) -> np.ndarray:
+  """The elementwise maximum of `values` over all processes."""
+  values = np.asarray(values)
+  if jax.process_count() == 1:
+    return values
+  return np.asarray(multihost_utils.process_allgather(values)).max(axis=0)
+
+
+def broadcast_json(obj: Any) -> Any:
+  """Process 0's `obj` (a JSON value) on every process."""
+  if jax.process_count() == 1:
+    return obj
+  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+  size = int(multihost_utils.broadcast_one_to_all(np.int64(data.size)))
+  buffer = np.zeros(size, np.uint8)
+  if jax.process_index() == 0:
+    buffer[:] = data
+  out = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
+  return json.loads(out.astype(np.uint8).tobytes().decode())

@@ -310,12 +310,16 @@ class Partitioner:
     """
 
     def one(x):
-      axes = _STATE_AXES_BY_RANK.get(
-        x.ndim, ('batch',) + (None,) * (x.ndim - 1)
-      )
-      return self.constrain(x, axes)
+      return jax.lax.with_sharding_constraint(x, self.state_sharding(x.shape))
 
     return jax.tree.map(one, state)
+
+  def state_sharding(self, shape: Sequence[int]) -> NamedSharding:
+    """The sharding `constrain_state` gives a decode-state leaf of `shape`."""
+    axes = _STATE_AXES_BY_RANK.get(
+      len(shape), ('batch',) + (None,) * (len(shape) - 1)
+    )
+    return self.sharding(axes, tuple(shape))
 
   def batch_sharding(self, ndim: int) -> NamedSharding:
     """Batch (dimension 0) on `data`, the rest replicated."""
