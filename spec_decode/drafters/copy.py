@@ -17,6 +17,10 @@ proposed token (None when greedy) and Algorithm 1 stays exact: a token is
 accepted with probability p(x). The search is vectorized over rows on
 fixed shapes: for each suffix length k it compares the history shifted by
 0..k-1 with the suffix, O(B (S + L) max_ngram) per proposal.
+
+Trees (`propose_tree`): the root's children are the first tokens of the
+best matches with distinct first tokens (best first), each followed by its
+match's continuation; deterministic too, so q is one-hot per node.
 """
 
 from typing import Any
@@ -24,6 +28,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spec_decode.core import drafter
 from spec_decode.core.decode_settings import DecodeSettings
@@ -78,6 +83,49 @@ class Copy:
       q = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
     return drafter.Proposal(tokens=tokens, q=q, num=num), state
 
+  def propose_tree(
+    self,
+    state: None,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+    shape,
+  ) -> tuple[drafter.TreeProposal, None]:
+    """Several matches: the root's rank-r child starts the continuation of
+    the r-th match (`lookup` again, excluding the first tokens of the
+    matches before it), which goes on down that child's rank-0 chain.
+    Nodes with another rank below depth 1 are not proposed."""
+    depth = shape.depth
+    ranks = int((shape.children[0] >= 0).sum())
+    conts, nums, firsts = [], [], []
+    for _ in range(ranks):
+      exclude = jnp.stack(firsts, 1) if firsts else None
+      tokens, num = lookup(
+        context.inputs,
+        context.length,
+        context.encoder_tokens,
+        depth,
+        self.max_ngram,
+        self.min_ngram,
+        exclude=exclude,
+      )
+      conts.append(tokens)
+      nums.append(num)
+      # A rank without a match excludes nothing (-1 is never a token).
+      firsts.append(jnp.where(num > 0, tokens[:, 0], -1))
+    conts = jnp.stack(conts, 1)  # [B, R, D]
+    nums = jnp.stack(nums, 1)  # [B, R]
+    paths = shape.paths
+    match = np.asarray([p[0] for p in paths])
+    on_chain = np.asarray([not any(p[1:]) for p in paths])
+    step = np.asarray([len(p) - 1 for p in paths])
+    tokens = conts[:, match, step]
+    valid = on_chain[None] & (step[None] < nums[:, match])
+    tokens = jnp.where(valid, tokens, PAD_ID)
+    q = None
+    if not settings.sampler.is_greedy:
+      q = jax.nn.one_hot(tokens, self.vocab_size, dtype=jnp.float32)
+    return drafter.TreeProposal(tokens=tokens, q=q, valid=valid), state
+
 
 def lookup(
   inputs: jax.Array,
@@ -86,6 +134,7 @@ def lookup(
   gamma: int,
   max_ngram: int,
   min_ngram: int = 1,
+  exclude: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """The prompt-lookup proposal (see the module docstring).
 
@@ -97,6 +146,8 @@ def lookup(
     gamma: G, tokens proposed at most.
     max_ngram: longest suffix looked up.
     min_ngram: shortest suffix that counts.
+    exclude: optional `[B, E] int32`: matches whose first proposed token is
+      one of these are skipped (the next-best match is taken; token trees).
 
   Returns:
     tokens `[B, G] int32` (0 past `num`) and num `[B] int32` in [0, G].
@@ -118,6 +169,9 @@ def lookup(
   next_bad = jnp.where(pos < s, jnp.minimum(next_bad, s), next_bad)
   follow = next_bad - pos - 1  # Tokens after each position in its run.
 
+  if exclude is not None:
+    after = jnp.concatenate([hist[:, 1:], jnp.full_like(hist[:, :1], -1)], 1)
+    banned = jnp.any(after[:, :, None] == exclude[:, None, :], axis=2)
   offsets = jnp.arange(max_ngram)
   suffix = jnp.take_along_axis(
     inputs, jnp.maximum(length[:, None] - offsets[None], 0), axis=1
@@ -131,6 +185,8 @@ def lookup(
     if k < min_ngram:
       continue
     ok = match & (run >= k) & (follow >= 1) & (length[:, None] >= k)
+    if exclude is not None:
+      ok &= ~banned
     best = jnp.maximum(best, jnp.max(jnp.where(ok, k * p + pos, -1), axis=1))
   found = best >= 0
   end = jnp.where(found, best % p, 0)  # Last position of the match.

@@ -14,9 +14,11 @@ followed by a vocabulary projection `[D, V]`. The blocks start at zero
 head predicts from `h`. With `share_projection` all heads use one
 projection (a checkpoint K times smaller in its largest tensor).
 
-Proposals are independent per head (no tree; a chain of G tokens), and
-`q[b, k]` is the sampler's distribution of head k + 1, the one its token was
-drawn from, so verification stays exact (`drafters/drafter.py`).
+Proposals are independent per head (a chain of G tokens), and `q[b, k]` is
+the sampler's distribution of head k + 1, the one its token was drawn from,
+so verification stays exact (`drafters/drafter.py`). Trees
+(`propose_tree`) are Medusa's Cartesian products: every node at depth d
+gets its children from head d + 1.
 
 Checkpoint format (`Heads.save`): `params/` (orbax: `weights`, `biases`,
 `projection`), `heads.json` (num_heads, depth, emb_dim, vocab_size,
@@ -35,6 +37,7 @@ import numpy as np
 from spec_decode import checkpoints
 from spec_decode.core import drafter
 from spec_decode.core import sampling
+from spec_decode.core import tree_draft
 from spec_decode.core.decode_settings import DecodeSettings
 
 INFO_FILE = 'heads.json'
@@ -214,6 +217,41 @@ class Heads:
     return drafter.full_proposal(tokens, q), state.replace(
       calls=state.calls + 1
     )
+
+  def propose_tree(
+    self,
+    state: HeadsState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+    shape,
+  ) -> tuple[drafter.TreeProposal, HeadsState]:
+    """Medusa's Cartesian tree: a depth-d node's children come from head
+    d + 1 (its top-k when greedy; draws without replacement, per parent,
+    when sampling), whatever the node's own token."""
+    depth = shape.depth
+    if depth > self.num_heads:
+      raise ValueError(
+        f'a tree of depth {depth} needs {depth} heads, these heads have '
+        f'{self.num_heads}'
+      )
+    if context.target_features is None:
+      raise ValueError(
+        'Heads needs DraftContext.target_features (the loop fills them '
+        'for drafters with uses_target_features)'
+      )
+    logits = self.logits(context.target_features, depth)  # [B, D, V]
+
+    def level_logits(d, fed, tokens, carry):
+      del tokens
+      head = jnp.broadcast_to(
+        logits[:, d : d + 1], (logits.shape[0], len(fed), logits.shape[-1])
+      )
+      return head, carry
+
+    proposal, _ = tree_draft.expand(
+      shape, settings.sampler, logits[:, 0], level_logits, None, context.keys
+    )
+    return proposal, state.replace(calls=state.calls + 1)
 
   # -- checkpoints ------------------------------------------------------------
   def save(self, path: str) -> None:

@@ -26,6 +26,8 @@ from the q it reports.
 `propose` draws G tokens autoregressively, each from the loop's sampler
 applied to `log q` as logits (greedy: the argmax, q not materialized). The
 draft costs a few gathers and one `[B, V]` pass per order and token (c ~ 0).
+Trees (`propose_tree`): every node's k most likely continuations given its
+path (greedy), or k draws without replacement from q (sampling).
 """
 
 import os
@@ -40,6 +42,7 @@ import numpy as np
 
 from spec_decode.core import drafter
 from spec_decode.core import sampling
+from spec_decode.core import tree_draft
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.ids import PAD_ID
@@ -217,6 +220,40 @@ class NGram:
       window = jnp.concatenate([window[:, 1:], x[:, None]], axis=1)
     q = None if sampler.is_greedy else jnp.stack(qs, axis=1)
     return drafter.full_proposal(jnp.stack(tokens, axis=1), q), state
+
+  def propose_tree(
+    self,
+    state: None,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+    shape,
+  ) -> tuple[drafter.TreeProposal, None]:
+    """The k most likely continuations of every node (greedy), or k draws
+    without replacement from q (sampling), given the node's path."""
+    width = self.order - 1
+    n = context.length
+    pos = n[:, None] - (width - 1) + jnp.arange(width)[None]
+    window = jnp.take_along_axis(context.inputs, jnp.maximum(pos, 0), axis=1)
+    window = jnp.where(pos >= 0, window, PAD_ID).astype(jnp.int32)
+    batch = window.shape[0]
+
+    def logits_after(paths):  # [B, T, d] path tokens -> [B, T, V]
+      t = paths.shape[1]
+      ctx = jnp.concatenate(
+        [jnp.broadcast_to(window[:, None], (batch, t, width)), paths], 2
+      )[..., paths.shape[2] :]  # The newest `width` tokens.
+      q = self.probs_after(ctx.reshape(batch * t, width))
+      return jnp.log(q).reshape(batch, t, -1)
+
+    def level_logits(d, fed, tokens, carry):
+      path = shape.path_nodes[fed][:, 1 : d + 1]  # [T, d] static
+      return logits_after(tokens[:, path]), carry
+
+    root = logits_after(jnp.zeros((batch, 1, 0), jnp.int32))[:, 0]
+    proposal, _ = tree_draft.expand(
+      shape, settings.sampler, root, level_logits, None, context.keys
+    )
+    return proposal, state
 
   # -- files ------------------------------------------------------------------
   def save(self, path: str) -> None:
