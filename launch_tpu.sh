@@ -4,9 +4,12 @@
 # Creates the TPU VM (or reuses it when it exists), copies this checkout to
 # every worker (or clones a git repository there), installs the package and
 # runs `spec-decode eval` with the given gin file on all workers at once
-# (`gcloud compute tpus tpu-vm ssh --worker=all`). Every worker runs the same
-# program; `spec_decode.parallel.multihost.initialize()` connects them
-# (SPEC_DECODE_MULTIHOST=1 is exported for it).
+# (`gcloud compute tpus tpu-vm ssh --worker=I`, one per worker, in parallel).
+# Every worker runs the same program; on a slice of several hosts each gets
+# the coordinator settings `spec_decode.parallel.multihost.initialize()`
+# reads: JAX_COORDINATOR_ADDRESS (worker 0's internal IP, port 8476),
+# JAX_NUM_PROCESSES and its own JAX_PROCESS_ID. NUM_PARTITIONS (the mesh's
+# model axis, from the config file) is passed as --gin.NUM_PARTITIONS.
 #
 # Examples:
 #   ./launch_tpu.sh --config configs/tpu/v4-8.env \
@@ -23,13 +26,16 @@ Usage: launch_tpu.sh [options] [-- extra spec-decode eval arguments]
 Where (flags override the values of a --config file):
   --config FILE            env file setting TPU_NAME, ZONE, ACCELERATOR_TYPE,
                            RUNTIME_VERSION and optionally PROJECT, GIN_FILE,
-                           EXTRAS, REPO, BRANCH, SPOT (see configs/tpu/*.env)
+                           EXTRAS, REPO, BRANCH, SPOT, NUM_PARTITIONS,
+                           NUM_WORKERS (see configs/tpu/*.env)
   --name NAME              TPU VM name (default: spec-decode)
   --zone ZONE              zone (default: us-central2-b)
   --accelerator-type TYPE  e.g. v4-8, v4-32, v5litepod-16 (default: v4-8)
   --version VERSION        TPU VM runtime (default: tpu-ubuntu2204-base)
   --project PROJECT        Google Cloud project (default: gcloud's)
   --spot                   create a Spot TPU VM
+  --num-workers N          hosts of the slice (default: 1)
+  --num-partitions M       the mesh's model axis (--gin.NUM_PARTITIONS)
 What:
   --gin_file FILE          gin file for spec-decode eval (required)
   --gin NAME=VALUE         gin binding, passed as --gin.NAME=VALUE
@@ -65,6 +71,9 @@ EXTRAS="all"
 REPO=""
 BRANCH="main"
 SPOT=0
+NUM_WORKERS=1
+NUM_PARTITIONS=""
+COORDINATOR_PORT=8476
 
 CONFIG=""
 DRY_RUN=0
@@ -94,6 +103,10 @@ while [[ $# -gt 0 ]]; do
       need_value "$@"; FLAG[RUNTIME_VERSION]="$2"; shift 2 ;;
     --project) need_value "$@"; FLAG[PROJECT]="$2"; shift 2 ;;
     --spot) FLAG[SPOT]=1; shift ;;
+    --num-workers | --num_workers)
+      need_value "$@"; FLAG[NUM_WORKERS]="$2"; shift 2 ;;
+    --num-partitions | --num_partitions)
+      need_value "$@"; FLAG[NUM_PARTITIONS]="$2"; shift 2 ;;
     --gin_file | --gin-file) need_value "$@"; FLAG[GIN_FILE]="$2"; shift 2 ;;
     --gin_file=* | --gin-file=*) FLAG[GIN_FILE]="${1#*=}"; shift ;;
     --gin) need_value "$@"; GIN_BINDINGS+=("$2"); shift 2 ;;
@@ -124,6 +137,10 @@ for key in "${!FLAG[@]}"; do
 done
 
 [[ -n "$GIN_FILE" ]] || die "--gin_file is required (see --help)"
+[[ "$NUM_WORKERS" =~ ^[1-9][0-9]*$ ]] ||
+  die "NUM_WORKERS must be a positive integer, got '$NUM_WORKERS'"
+[[ -z "$NUM_PARTITIONS" || "$NUM_PARTITIONS" =~ ^[1-9][0-9]*$ ]] ||
+  die "NUM_PARTITIONS must be a positive integer, got '$NUM_PARTITIONS'"
 for binding in "${GIN_BINDINGS[@]+"${GIN_BINDINGS[@]}"}"; do
   [[ "$binding" == *=* ]] || die "--gin expects NAME=VALUE, got '$binding'"
 done
@@ -220,13 +237,49 @@ $(quote "jax[tpu]==$JAX_VERSION")"
 
 run_eval() {
   local eval_cmd=(spec-decode eval "--gin_file=$GIN_FILE")
-  local binding
+  local binding has_partitions=0
   for binding in "${GIN_BINDINGS[@]+"${GIN_BINDINGS[@]}"}"; do
     eval_cmd+=("--gin.$binding")
+    [[ "$binding" == NUM_PARTITIONS=* ]] && has_partitions=1
   done
+  if [[ -n "$NUM_PARTITIONS" && "$has_partitions" -eq 0 ]]; then
+    eval_cmd+=("--gin.NUM_PARTITIONS=$NUM_PARTITIONS")
+  fi
   eval_cmd+=("${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}")
-  on_all_workers "cd $(quote "$REMOTE_DIR") && export PATH=\"\$HOME/.local/\
-bin:\$PATH\" SPEC_DECODE_MULTIHOST=1 && $(quote "${eval_cmd[@]}")"
+  local prefix="cd $(quote "$REMOTE_DIR") && export PATH=\"\$HOME/.local/\
+bin:\$PATH\""
+  if [[ "$NUM_WORKERS" -eq 1 ]]; then
+    run gcloud compute tpus tpu-vm ssh "$TPU_NAME" "${GCLOUD_SCOPE[@]}" \
+      --worker=0 --command "$prefix && $(quote "${eval_cmd[@]}")"
+    return
+  fi
+  # Worker 0's internal IP is the coordinator's address.
+  local describe=(gcloud compute tpus tpu-vm describe "$TPU_NAME"
+    "${GCLOUD_SCOPE[@]}" --format='value(networkEndpoints[0].ipAddress)')
+  local ip='$COORDINATOR_IP'
+  printf '+ COORDINATOR_IP=$(%s)\n' "$(quote "${describe[@]}")"
+  if [[ "$DRY_RUN" -eq 0 ]]; then
+    ip="$("${describe[@]}")"
+    [[ -n "$ip" ]] || die "no internal IP for worker 0 of $TPU_NAME"
+  fi
+  local worker pid pids=() status=0
+  for ((worker = 0; worker < NUM_WORKERS; worker++)); do
+    local env="JAX_COORDINATOR_ADDRESS=$ip:$COORDINATOR_PORT \
+JAX_NUM_PROCESSES=$NUM_WORKERS JAX_PROCESS_ID=$worker"
+    local cmd=(gcloud compute tpus tpu-vm ssh "$TPU_NAME" "${GCLOUD_SCOPE[@]}"
+      --worker="$worker" --command "$prefix $env && $(quote "${eval_cmd[@]}")")
+    if [[ "$DRY_RUN" -eq 1 ]]; then
+      run "${cmd[@]}"
+    else
+      # All workers at once: each waits for the others at start-up.
+      run "${cmd[@]}" &
+      pids+=("$!")
+    fi
+  done
+  for pid in "${pids[@]+"${pids[@]}"}"; do
+    wait "$pid" || status=$?
+  done
+  return "$status"
 }
 
 delete_tpu() {

@@ -59,7 +59,8 @@ def test_dry_run_plan_from_config_file():
   assert result.returncode == 0, result.stderr
   cmds = _commands(result.stdout)
   gcloud = [c for c in cmds if c[0] == 'gcloud']
-  create, scp, unpack, install, run = gcloud
+  create, scp, unpack, install, *runs = gcloud
+  assert len(runs) == 4  # One command per worker of the 4-host slice.
   assert create[:5] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'create']
   assert create[5] == 'spec-decode-v5e-16'
   for flag, value in (
@@ -70,10 +71,11 @@ def test_dry_run_plan_from_config_file():
     assert create[create.index(flag) + 1] == value
   assert scp[:5] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp']
   assert scp[6] == 'spec-decode-v5e-16:spec_decode.tar.gz'
-  for cmd in (scp, unpack, install, run):
+  for cmd in (scp, unpack, install):
     assert '--worker=all' in cmd
+  for cmd in (scp, unpack, install, *runs):
     assert cmd[cmd.index('--zone') + 1] == 'us-west4-a'
-  for cmd in (unpack, install, run):
+  for cmd in (unpack, install, *runs):
     assert cmd[:6] == [
       'gcloud',
       'compute',
@@ -85,16 +87,27 @@ def test_dry_run_plan_from_config_file():
   assert 'tar' in _remote(unpack)
   words = _remote(install)
   assert 'pip' in words and '.[all]' in words and 'jax[tpu]==0.10.2' in words
-  words = _remote(run)
-  i = words.index('spec-decode')
-  assert words[i:] == [
-    'spec-decode',
-    'eval',
-    '--gin_file=configs/demo.gin',
-    '--gin.GAMMA=7',
-    '--gin.TEMPERATURE=0.5',
-  ]
-  assert 'SPEC_DECODE_MULTIHOST=1' in words
+  # The coordinator is worker 0's internal IP, looked up first.
+  (lookup,) = [c for c in cmds if c[0].startswith('COORDINATOR_IP=')]
+  assert 'describe' in lookup
+  for worker, run in enumerate(runs):
+    assert f'--worker={worker}' in run
+    words = _remote(run)
+    i = words.index('spec-decode')
+    assert words[i:] == [
+      'spec-decode',
+      'eval',
+      '--gin_file=configs/demo.gin',
+      '--gin.GAMMA=7',
+      '--gin.TEMPERATURE=0.5',
+      '--gin.NUM_PARTITIONS=8',  # The config's mesh.
+    ]
+    for setting in (
+      'JAX_COORDINATOR_ADDRESS=$COORDINATOR_IP:8476',
+      'JAX_NUM_PROCESSES=4',
+      f'JAX_PROCESS_ID={worker}',
+    ):
+      assert setting in words
   # The tarball of this checkout is built locally before the copy.
   assert any(c[0] == 'git' and 'ls-files' in c for c in cmds)
 
@@ -140,11 +153,14 @@ def test_flags_override_config_and_git_clone():
     'spec_decode',
   ]
   assert '.[hf,metrics]' in _remote(install)
-  assert _remote(run)[-3:] == [
+  assert _remote(run)[-4:] == [
     'eval',
     '--gin_file=configs/a.gin',
+    '--gin.NUM_PARTITIONS=4',  # v4-8.env's mesh; one host, no coordinator.
     '--gin_search_paths=gin',
   ]
+  assert '--worker=0' in run
+  assert not any('JAX_COORDINATOR' in w for w in _remote(run))
   assert delete[:5] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'delete']
   assert not any(c[0] == 'git' for c in _commands(result.stdout))
 
