@@ -9,12 +9,9 @@
    probability a[d][r] given that its parent was accepted and its elder
    siblings rejected, a node's probability of being accepted is
    P(parent) * prod_{r' < r} (1 - a[d][r']) * a[d][r], and the expected
-   tokens per call are 1 + the sum over nodes. `grow` adds, one node at a
-   time, the candidate child (the next rank of an existing node) with the
-   largest such probability: for every budget n this gives the tree of n
-   nodes with the most expected tokens (each node's probability is at most
-   its parent's and its elder sibling's, so a best tree is closed under
-   taking parents and elder siblings, and the greedy order is optimal).
+   tokens per call are 1 + the sum over nodes. `best_trees` finds, for
+   every budget n, the tree of at most n nodes with the most expected
+   tokens (a dynamic program, as Sequoia's).
 3. Cost of an iteration with n nodes at depth D: the target's tree call on
    n + 1 tokens, timed (median of calls inside a compiled loop, at this
    batch size, for n in powers of two and interpolated), plus the drafter's
@@ -44,46 +41,57 @@ _REPEATS = 5
 _CALLS = 4
 
 
-def grow(acceptance: np.ndarray, budget: int) -> list[tuple]:
-  """Paths of the best tree at every size 1..budget, in the order added.
+def best_trees(acceptance: np.ndarray, budget: int) -> list[tuple]:
+  """The tree with the most expected tokens for every budget 1..budget.
+
+  Dynamic program (Sequoia's): with s[d][r] = prod_{r' < r} (1 - a[d][r'])
+  * a[d][r], the probability that a node at depth d's rank-r child is the
+  accepted one given the node was, a node reached with probability 1 and
+  m nodes below it is worth f(d, m) = g(d, 0, m), where g(d, r, m) is the
+  best of stopping (0) or giving rank r a subtree of k nodes:
+  s[d][r] (1 + f(d + 1, k)) + g(d, r + 1, m - 1 - k). Child ranks are
+  0..k-1 (a drafter's r-th choice), so a best tree is not simply the n
+  likeliest nodes when s is not decreasing in r.
 
   Args:
     acceptance: `[D, W]` a[d][r] in [0, 1] (NaN treated as 0).
     budget: nodes at most.
 
   Returns:
-    `(path, probability)` per added node; the first n make the best n-node
-    tree.
+    Per budget n = 1..budget: `(paths, expected accepted tokens)`; a tree
+    may use fewer than n nodes when more would add nothing.
   """
   acc = np.nan_to_num(np.asarray(acceptance, np.float64), nan=0.0)
   depth, width = acc.shape
+  share = np.zeros_like(acc)
+  for d in range(depth):
+    miss = np.concatenate([[1.0], np.cumprod(1.0 - acc[d])[:-1]])
+    share[d] = miss * acc[d]
 
-  def child(prob, path, rank):
-    d = len(path)
-    if d >= depth or rank >= width:
-      return None
-    miss = np.prod(1.0 - acc[d, :rank])
-    return prob * miss * acc[d, rank], path + (rank,)
+  @functools.lru_cache(maxsize=None)
+  def g(d: int, r: int, m: int) -> tuple[float, tuple]:
+    """(value, subtrees) for ranks r.. of a depth-d node, m nodes."""
+    best = (0.0, ())
+    if d >= depth or r >= width or m <= 0 or share[d, r] <= 0.0:
+      return best
+    for k in range(m):
+      below, sub = g(d + 1, 0, k)
+      rest, others = g(d, r + 1, m - 1 - k)
+      value = share[d, r] * (1.0 + below) + rest
+      if value > best[0] + 1e-15:
+        best = (value, ((r, sub),) + others)
+    return best
 
-  frontier = [child(1.0, (), 0)]
-  added = []
-  while len(added) < budget:
-    frontier = [c for c in frontier if c is not None and c[0] > 0.0]
-    if not frontier:
-      break
-    best = max(range(len(frontier)), key=lambda i: frontier[i][0])
-    prob, path = frontier.pop(best)
-    added.append((path, prob))
-    frontier.append(child(prob, path, 0))
-    frontier.append(child(prob / _share(acc, path), path[:-1], path[-1] + 1))
-  return added
+  def paths(prefix: tuple, subtrees: tuple) -> list[tuple]:
+    out = []
+    for rank, sub in subtrees:
+      out.append(prefix + (rank,))
+      out.extend(paths(prefix + (rank,), sub))
+    return out
 
-
-def _share(acc, path):
-  """The factor of a node's probability its own rank contributes, undone
-  to get the parent's probability times its elder siblings' misses."""
-  d, r = len(path) - 1, path[-1]
-  return np.prod(1.0 - acc[d, :r]) * acc[d, r]
+  return [
+    (paths((), g(0, 0, n)[1]), g(0, 0, n)[0]) for n in range(1, budget + 1)
+  ]
 
 
 def extend(rank_acceptance: np.ndarray) -> np.ndarray:
@@ -179,8 +187,11 @@ def _features(proposer, draft, batch):
 
 
 def _interpolate(table: dict[int, float], n: int) -> float:
+  """v(n), linear between the timed sizes; made non-decreasing first (a
+  bigger call never costs less; timing noise can say otherwise)."""
   xs = sorted(table)
-  return float(np.interp(n, xs, [table[x] for x in xs]))
+  ys = np.maximum.accumulate([table[x] for x in xs])
+  return float(np.interp(n, xs, ys))
 
 
 def choose(
@@ -191,11 +202,12 @@ def choose(
   max_nodes: int = MAX_NODES,
 ) -> dict:
   """The best budget and its tree (module docstring, steps 2-4)."""
-  added = grow(extend(rank_acceptance), max_nodes)
   best = None
-  for n in range(1, len(added) + 1):
-    paths = [p for p, _ in added[:n]]
-    expected = 1.0 + sum(p for _, p in added[:n])
+  for paths, accepted in best_trees(extend(rank_acceptance), max_nodes):
+    if not paths:
+      continue
+    n = len(paths)
+    expected = 1.0 + accepted
     depth = max(len(p) for p in paths)
     seconds = _interpolate(verify, n) + draft_base + draft_per_depth * depth
     rate = expected / seconds
