@@ -13,6 +13,12 @@ through `drafter.Drafter`.
   decode_settings.py the static settings of a decode
   loops.py           plain and speculative `lax.while_loop`s
   generation.py      `generate`: checks, keys, placement, stats
+  tree.py            token-tree shapes and their static tables
+  tree_draft.py      children of every node drawn from a drafter's logits
+  tree_verify.py     exact tree verification (greedy, recursive rejection)
+  tree_loop.py       the tree `lax.while_loop` (one target call per tree)
+  tree_generate.py   `generate(tree=...)`: checks, the loop, its report
+  tree_auto.py       tree='auto': shape from measured acceptance and cost
   placement.py       the mesh interface generate needs; host arrays
   costs.py           timing c and v(k)
   gamma_policy.py    gamma='auto': the per-iteration goodput policy
