@@ -10,7 +10,15 @@ from spec_decode import main as spec_decode_main
 from spec_decode.bench import cli
 from spec_decode.bench import load
 
-SUB_BENCHMARKS = ('load', 'draft_dtype', 'kernel', 'drafters', 'hierarchical')
+SUB_BENCHMARKS = (
+  'load',
+  'draft_dtype',
+  'kernel',
+  'drafters',
+  'hierarchical',
+  'memory',
+  'trees',
+)
 
 
 def test_bench_help_lists_the_sub_benchmarks(capsys):

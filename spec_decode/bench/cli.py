@@ -49,6 +49,10 @@ BENCHMARKS = {
     'spec_decode.bench.hierarchical',
     'hierarchical drafting on the demo pair (Debian EnDe, greedy)',
   ),
+  'trees': (
+    'spec_decode.bench.trees',
+    'token trees vs chains: tokens per target call and wall time',
+  ),
 }
 
 

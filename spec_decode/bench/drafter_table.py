@@ -4,7 +4,10 @@ The paper's Table 3 for our demo pair: the n-grams are fit on the train
 split's target token sequences, every drafter drafts for the demo target on
 the first examples of the test split (one batch), greedy and at t = 1, and
 the table reports alpha, output tokens per target call and draft tokens
-proposed per iteration (Copy proposes fewer when it finds no match).
+proposed per iteration (Copy proposes fewer when it finds no match). With
+`--tree` (default `2,2,1,1`, 14 nodes) every drafter also drafts token trees
+(`generate(tree=...)`), a row set beside the chains (alpha there is the
+rank-0 children's; proposed / iter counts the tree's nodes).
 
   JAX_PLATFORMS=cpu spec-decode bench drafters \
       --task debian_ende --num_examples 50 --gamma 4
@@ -18,6 +21,7 @@ from copying the English input.
 """
 
 import argparse
+import itertools
 import time
 
 import numpy as np
@@ -71,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--max_input_len', type=int, default=256)
   parser.add_argument('--max_decode_len', type=int, default=128)
   parser.add_argument('--max_ngram', type=int, default=3)
+  parser.add_argument(
+    '--tree',
+    default='2,2,1,1',
+    help="branching of the token-tree rows ('' for chains only)",
+  )
   args = parser.parse_args(argv)
+  tree = tuple(int(b) for b in args.tree.split(',')) if args.tree else None
 
   target = sd.Model.load(args.target)
   enc = encoder_tokens(
@@ -88,21 +98,24 @@ def main(argv: list[str] | None = None) -> int:
   for name, draft in drafters(
     target, args.fit_task or args.task, args.max_ngram
   ).items():
-    for t in (0.0, 1.0):
+    shapes = [('', dict(gamma=args.gamma))]
+    if tree is not None:
+      shapes.append((f' tree {tree}', dict(tree=tree)))
+    for (suffix, shape), t in itertools.product(shapes, (0.0, 1.0)):
       start = time.perf_counter()
       out = sd.generate(
         target,
         enc,
         draft=draft,
-        gamma=args.gamma,
         temperature=t,
         max_decode_len=args.max_decode_len,
         seed=0,
+        **shape,
       )
       s = out.stats
       rows.append(
         (
-          name,
+          name + suffix,
           t,
           s.alpha,
           s.tokens_per_call,
@@ -112,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         )
       )
       print(
-        f'| {name} | {t:g} | {s.alpha:.3f} | {s.tokens_per_call:.2f} | '
+        f'| {name}{suffix} | {t:g} | {s.alpha:.3f} | {s.tokens_per_call:.2f} | '
         f'{s.mean_proposed:.2f} | {out.lengths.mean():.1f} |',
         flush=True,
       )
