@@ -45,6 +45,7 @@ bench: install
 	$(PY) -m spec_decode.main bench --out bench.json
 	$(PY) -m spec_decode.main bench load --out load_bench.json
 	$(PY) -m spec_decode.main bench draft_dtype --out bench_draft_dtype.json
+	$(PY) -m spec_decode.main bench trees --out bench_trees.json
 	$(PY) -m spec_decode.main bench memory --out bench_memory.json
 
 lint: install
