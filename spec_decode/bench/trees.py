@@ -151,7 +151,7 @@ def _summary(name, outs, seconds, plain):
   return row, tokens
 
 
-def _designed(target, draft, enc, temperature, budgets, verify, draft_cost):
+def _designed(target, draft, enc, temperature, budgets, cost):
   """Calibration on `enc` (one batch) -> trees per budget and 'auto'."""
   cal = sd.generate(
     target,
@@ -165,7 +165,7 @@ def _designed(target, draft, enc, temperature, budgets, verify, draft_cost):
   trees = tree_auto.best_trees(tree_auto.extend(acc), max(budgets))
   shapes = {n: [list(p) for p in trees[n - 1][0]] for n in budgets}
   expected = {n: 1.0 + trees[n - 1][1] for n in budgets}
-  auto = tree_auto.choose(acc, verify, *draft_cost)
+  auto = tree_auto.choose(acc, cost)
   return acc, shapes, expected, auto
 
 
@@ -178,14 +178,16 @@ def demo_section(args, target, draft, vocab) -> list[dict]:
   texts = [ex['inputs'] for ex in exs]
   enc_all = _encode(vocab, texts)
   enc, cal_enc = enc_all[: args.num_examples], enc_all[args.num_examples :]
-  verify = tree_auto.verify_seconds(target, 1, max(args.budgets))
-  draft_cost = tree_auto.draft_seconds(
-    draft, jnp.asarray(enc[:1]), sd.DecodeSettings(max_decode_len=8)
-  )
   rows = []
   for t in (0.0, 1.0):
+    settings = sd.DecodeSettings(
+      max_decode_len=8, sampler=sd.Sampler(temperature=t)
+    )
+    cost = tree_auto.fit_costs(
+      tree_auto.iteration_seconds(target, draft, jnp.asarray(enc[:1]), settings)
+    )
     acc, shapes, expected, auto = _designed(
-      target, draft, cal_enc, t, args.budgets, verify, draft_cost
+      target, draft, cal_enc, t, args.budgets, cost
     )
     base = dict(max_decode_len=args.max_decode_len, temperature=t, seed=0)
     configs = [('plain', dict(base))]
@@ -234,8 +236,11 @@ def demo_section(args, target, draft, vocab) -> list[dict]:
     rows += section
     rows.append({
       'setting': f'demo pair, t={t:g}',
-      'config': 'calibration rank acceptance',
+      'config': 'calibration rank acceptance and cost fit',
       'rank_acceptance': np.asarray(acc).tolist(),
+      'cost_fit_seconds': list(cost),
+      'auto_expected_tokens_per_call': auto['expected_tokens_per_call'],
+      'auto_predicted_seconds_per_call': auto['seconds_per_call'],
     })  # fmt: skip
   return rows
 

@@ -12,14 +12,18 @@
    tokens per call are 1 + the sum over nodes. `best_trees` finds, for
    every budget n, the tree of at most n nodes with the most expected
    tokens (a dynamic program, as Sequoia's).
-3. Cost of an iteration with n nodes at depth D: the target's tree call on
-   n + 1 tokens, timed (median of calls inside a compiled loop, at this
-   batch size, for n in powers of two and interpolated), plus the drafter's
-   proposal of a chain of depth D (timed at D = 1 and 2, linear in D).
-4. The budget n <= `MAX_NODES` with the most expected tokens per second is
-   chosen; the report gives the expected and the measured tokens per call.
+3. Cost of an iteration with n nodes at depth D: whole tree-loop
+   iterations (the drafter's tree, the target's tree call, verification,
+   the commit) are timed at this batch size and sampler for chains of
+   depth 1, 2, 4, 8 and stars of 4, 16, 32 nodes (median of calls inside a
+   compiled loop), and t(n, D) = a + b n + c D is fitted to them.
+4. Over every budget n <= `MAX_NODES` and depth cap D <= `MAX_DEPTH`, the
+   best tree (step 2 with depths beyond the cap removed) with the most
+   expected tokens per second is chosen; the report gives the expected and
+   the measured tokens per call.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -32,6 +36,7 @@ from spec_decode.core import costs
 from spec_decode.core import drafter as drafter_lib
 from spec_decode.core import model_drafter
 from spec_decode.core import tree as tree_lib
+from spec_decode.core import tree_verify
 from spec_decode.core.decode_settings import DecodeSettings
 
 CALIBRATION = (4, 2, 2, 1, 1, 1)
@@ -103,113 +108,133 @@ def extend(rank_acceptance: np.ndarray) -> np.ndarray:
   return np.concatenate([acc, tail], 0)
 
 
-@functools.partial(jax.jit, static_argnames=('attention', 'calls'))
-def _repeated_tree_score(model, state, tokens, attention, calls: int):
-  def body(_, carry):
-    st, acc = carry
-    logits, st = model.score_tree(st, tokens, attention)
-    return st, acc + logits[0, 0, 0]
-
-  return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
-
-
 @functools.partial(jax.jit, static_argnames=('settings', 'shape', 'calls'))
-def _repeated_propose(proposer, state, context, settings, shape, calls: int):
+def _repeated_iterations(target, proposer, states, context, row_keys,
+                         settings, shape, calls: int):  # fmt: skip
+  """`calls` tree-loop iterations (draft, target call, verify, commit) on
+  one fixed context, inside one compiled loop; each reads the states the
+  previous one wrote, so XLA cannot hoist the work out."""
+  n = context.length
+  nodes_root = jnp.take_along_axis(context.inputs, n[:, None], axis=1)
+  attention = shape.target_attention()
+
   def body(_, carry):
-    st, acc = carry
-    proposal, st = proposer.propose_tree(st, context, settings, shape)
-    return st, acc + proposal.tokens[0, 0]
-
-  return lax.fori_loop(0, calls, body, (state, jnp.int32(0)))[1]
-
-
-def verify_seconds(model, batch: int, max_nodes: int) -> dict[int, float]:
-  """Seconds of one target tree call on n + 1 tokens, n = 1, 2, 4, ...."""
-  prefix, length = 16, 16 + max_nodes + 2
-  state = model.init_state(jnp.full((batch, 16), 5, jnp.int32), length)
-  state = model.score(state, jnp.zeros((batch, prefix), jnp.int32))[1]
-  out = {}
-  n = 1
-  while True:
-    attention = tree_lib.chain(n).target_attention()
-    tokens = jnp.zeros((batch, n + 1), jnp.int32)
-    out[n] = (
-      costs.median_time(
-        functools.partial(
-          _repeated_tree_score, model, state, tokens, attention, calls=_CALLS
-        ),
-        _REPEATS,
-      )
-      / _CALLS
+    (tgt, ds), acc = carry
+    proposal, ds = proposer.propose_tree(ds, context, settings, shape)
+    nodes = jnp.concatenate([nodes_root, proposal.tokens], axis=1)
+    tgt = target.rollback(tgt, n)
+    logits, tgt = target.score_tree(tgt, nodes, attention)
+    result = tree_verify.verify_tree(
+      shape,
+      settings.sampler,
+      logits,
+      proposal.tokens,
+      proposal.q,
+      proposal.valid,
+      row_keys,
+      n,
     )
-    if n >= max_nodes:
-      return out
-    n = min(2 * n, max_nodes)
+    tgt = target.commit_tree(tgt, result.path, result.accepted + 1)
+    return (tgt, ds), acc + result.next_token[0]
+
+  return lax.fori_loop(0, calls, body, (states, jnp.int32(0)))[1]
 
 
-def draft_seconds(draft, enc, settings: DecodeSettings) -> tuple[float, float]:
-  """(base, per depth) seconds of the drafter's proposal of a chain."""
+# Shapes timed for the cost fit: chains (cost per depth) and stars (cost
+# per node at depth 1).
+TIMED = tuple((1,) * d for d in (1, 2, 4, 8)) + tuple((w,) for w in (4, 16, 32))
+
+
+def iteration_seconds(
+  target, draft, enc, settings: DecodeSettings, shapes=TIMED
+) -> dict[tuple, float]:
+  """Seconds of one tree-loop iteration for each branching tuple in
+  `shapes`, at this batch size and sampler (median of calls inside a
+  compiled loop, after a warm-up)."""
   proposer = model_drafter.as_drafter(draft)
   batch = enc.shape[0]
-  length = 16 + MAX_NODES + 2
-  times = []
-  for depth in (1, 2):
-    shape = tree_lib.chain(depth)
-    state = proposer.init_draft(enc, length)
-    inputs = jnp.full((batch, length), 5, jnp.int32).at[:, 0].set(0)
-    keys = jax.random.split(jax.random.key(0), batch * depth)
+  prefix = 16
+  length = prefix + MAX_NODES + MAX_DEPTH + 4
+  inputs = jnp.full((batch, length), 5, jnp.int32).at[:, 0].set(0)
+  tgt = target.init_state(enc, length)
+  tgt = target.score(tgt, inputs[:, :prefix])[1]
+  ds = proposer.init_draft(enc, length)
+  row_keys = jax.random.split(jax.random.key(0), batch)
+  out = {}
+  for branching in shapes:
+    shape = tree_lib.from_branching(branching)
+    s = dataclasses.replace(
+      settings, gamma=shape.depth, max_decode_len=prefix + 4
+    )
     context = drafter_lib.DraftContext(
       inputs=inputs,
-      length=jnp.full((batch,), 8, jnp.int32),
+      length=jnp.full((batch,), prefix, jnp.int32),
       encoder_tokens=enc,
-      keys=keys.reshape(batch, depth),
-      target_features=_features(proposer, draft, batch),
+      keys=jax.random.split(jax.random.key(1), batch * shape.depth).reshape(
+        batch, shape.depth
+      ),
+      target_features=_features(proposer, target, batch),
     )
-    s = DecodeSettings(max_decode_len=8, sampler=settings.sampler, gamma=depth)
-    times.append(
-      costs.median_time(
-        functools.partial(
-          _repeated_propose, proposer, state, context, s, shape, calls=_CALLS
-        ),
-        _REPEATS,
-      )
-      / _CALLS
+    run = functools.partial(
+      _repeated_iterations,
+      target,
+      proposer,
+      (tgt, ds),
+      context,
+      row_keys,
+      s,
+      shape,
+      calls=_CALLS,
     )
-  per_depth = max(times[1] - times[0], 0.0)
-  return max(times[0] - per_depth, 0.0), per_depth
+    out[branching] = costs.median_time(run, _REPEATS) / _CALLS
+  return out
 
 
-def _features(proposer, draft, batch):
+def _features(proposer, target, batch):
   if not getattr(proposer, 'uses_target_features', False):
     return None
-  size = getattr(draft, 'feature_size', None) or draft.projection.shape[1]
+  size = getattr(target, 'feature_size', None) or target.config.emb_dim
   return jnp.zeros((batch, size), jnp.float32)
 
 
-def _interpolate(table: dict[int, float], n: int) -> float:
-  """v(n), linear between the timed sizes; made non-decreasing first (a
-  bigger call never costs less; timing noise can say otherwise)."""
-  xs = sorted(table)
-  ys = np.maximum.accumulate([table[x] for x in xs])
-  return float(np.interp(n, xs, ys))
+def fit_costs(seconds: dict[tuple, float]) -> tuple[float, float, float]:
+  """(a, b, c) of t(N, D) = a + b N + c D by least squares (each >= 0)."""
+  rows, ys = [], []
+  for branching, t in seconds.items():
+    shape = tree_lib.from_branching(branching)
+    rows.append([1.0, shape.num_nodes, shape.depth])
+    ys.append(t)
+  coef = np.linalg.lstsq(np.asarray(rows), np.asarray(ys), rcond=None)[0]
+  return tuple(float(max(c, 0.0)) for c in coef)
 
 
 def choose(
   rank_acceptance: np.ndarray,
-  verify: dict[int, float],
-  draft_base: float,
-  draft_per_depth: float,
+  cost: tuple[float, float, float],
   max_nodes: int = MAX_NODES,
 ) -> dict:
-  """The best budget and its tree (module docstring, steps 2-4)."""
+  """The best budget and its tree (module docstring, steps 2-4).
+
+  Args:
+    rank_acceptance: `[D, W]` measured a[d][r].
+    cost: (a, b, c): an iteration with N nodes at depth D takes
+      a + b N + c D seconds (`fit_costs`).
+    max_nodes: the largest budget.
+  """
+  acc = extend(rank_acceptance)
   best = None
-  for paths, accepted in best_trees(extend(rank_acceptance), max_nodes):
+  candidates = [
+    tree
+    for depth_cap in range(1, acc.shape[0] + 1)
+    for tree in best_trees(acc[:depth_cap], max_nodes)
+  ]
+  for paths, accepted in candidates:
     if not paths:
       continue
     n = len(paths)
     expected = 1.0 + accepted
     depth = max(len(p) for p in paths)
-    seconds = _interpolate(verify, n) + draft_base + draft_per_depth * depth
+    seconds = cost[0] + cost[1] * n + cost[2] * depth
     rate = expected / seconds
     if best is None or rate > best['tokens_per_second']:
       best = {
@@ -234,9 +259,9 @@ def run(model, draft, enc, keys, settings, batch, decode):
   """Calibrates, chooses and decodes; `decode` is `tree_generate.decode`."""
   calibration = tree_lib.from_branching(CALIBRATION)
   _, _, _, cal = decode(model, draft, enc, keys, settings, calibration, batch)
-  verify = verify_seconds(model, enc.shape[0], MAX_NODES)
-  base, per_depth = draft_seconds(draft, enc, settings)
-  choice = choose(cal['rank_acceptance'], verify, base, per_depth)
+  timed = iteration_seconds(model, draft, enc, settings)
+  cost = fit_costs(timed)
+  choice = choose(cal['rank_acceptance'], cost)
   shape = tree_lib.from_paths(choice['paths'])
   out, lengths, counters, report = decode(
     model, draft, enc, keys, settings, shape, batch
@@ -245,8 +270,8 @@ def run(model, draft, enc, keys, settings, batch, decode):
   report['auto'] = dict(
     choice,
     calibration_rank_acceptance=cal['rank_acceptance'],
-    verify_seconds=verify,
-    draft_seconds=(base, per_depth),
+    iteration_seconds={str(k): v for k, v in timed.items()},
+    cost_fit=cost,
     measured_tokens_per_call=report['tokens_per_call'],
   )
   return out, lengths, counters, report
