@@ -162,6 +162,27 @@ def test_other_settings_in_the_same_directory_are_refused(models, full_run):
                       **RUN)  # fmt: skip
 
 
+def test_the_decode_method_is_part_of_the_run_identity(models, full_run):
+  target, draft = models
+  out, _ = full_run
+  # A greedy directory is not resumed by a beam-search run (refused before
+  # anything decodes).
+  beam = _settings(gamma=[2, 3], decode_method='beam', num_beams=2)
+  with pytest.raises(ValueError, match='other settings.*decode_method'):
+    eval_lib.evaluate(target, draft, beam, output_dir=out, **RUN)
+
+  def identity(settings):
+    return eval_lib.run_identity(settings, 5, target, draft, target.vocabulary)
+
+  greedy = identity(_settings())
+  assert greedy['decode_method'] == 'greedy' and 'num_beams' not in greedy
+  sampled = _settings(temperature=1.0, decode_method=None)
+  assert identity(sampled)['decode_method'] == 'sample'
+  assert identity(beam)['num_beams'] == 2
+  assert identity(beam) != identity(dataclasses.replace(beam, num_beams=3))
+  assert identity(beam) != identity(dataclasses.replace(beam, beam_alpha=1))
+
+
 def test_draft_equal_to_target_accepts_everything_at_temperature_1(
   models, tmp_path
 ):

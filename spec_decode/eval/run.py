@@ -131,7 +131,7 @@ def evaluate(
   vocab_lib.check_compatible(data.vocabulary, draft_vocab)
   exs = data.examples
   lengths = hosts.agreed_lengths(data.token_lists + data.calibration_tokens)
-  identity = _identity(s, len(exs), target, draft, data.vocabulary)
+  identity = run_identity(s, len(exs), target, draft, data.vocabulary)
   if data.source != seqio_data.BUILTIN:
     identity['task_source'] = data.source
   path = os.path.join(output_dir, EXAMPLES_FILE)
@@ -215,26 +215,24 @@ def evaluate(
   return hosts.share(results)
 
 
-def _identity(
+def run_identity(
   s: settings_lib.EvalSettings,
   num_examples: int,
   target: Any,
   draft: Any,
   vocab: vocab_lib.Vocabulary,
 ) -> dict[str, Any]:
-  """What run_state.json records: a rerun must match it to resume."""
+  """What run_state.json records: a rerun must match it to resume.
+
+  Every setting that changes a decoded token is in it (`s.reported()`:
+  task, split, sampling, decode method and, for beam search, its beams and
+  brevity penalty, lengths, seed, ...), so that a resumed directory never
+  mixes outputs of two settings.
+  """
   identity = {
-    'task': s.task,
-    'split': s.split,
+    **s.reported(),
     'num_examples': num_examples,
-    'batch_size': s.batch_size,
     'gamma': s.gamma if s.gamma == 'auto' else list(s.gamma),
-    **s.sampling(),
-    'max_decode_len': s.max_decode_len,
-    'max_input_len': s.max_input_len,
-    'seed': s.seed,
-    'lenience': s.lenience,
-    'dynamic_gamma': s.dynamic_gamma,
     'target': loading.fingerprint(target),
     'draft': loading.fingerprint(draft),
     'vocabulary': vocab.digest,
