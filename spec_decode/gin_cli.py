@@ -132,8 +132,12 @@ def parse(
   bindings: Sequence[str],
   gin_search_paths: Sequence[str] = (),
   finalize: bool = True,
+  skip: Sequence[str] = (),
 ) -> list[str]:
   """Clears gin, then parses files and bindings (later ones win).
+
+  `skip`: configurables (`module.Name`) whose bindings gin skips; with any,
+  gin also skips imports it cannot make (T5X's `from t5x import ...`).
 
   Returns:
     The resolved gin file paths.
@@ -147,7 +151,10 @@ def parse(
   _set_search_paths(gin_search_paths)
   try:
     gin.parse_config_files_and_bindings(
-      files, list(bindings), finalize_config=finalize
+      files,
+      list(bindings),
+      finalize_config=finalize,
+      skip_unknown=list(skip) or False,
     )
   except ValueError as e:
     m = _REQUIRED.search(str(e))

@@ -194,10 +194,15 @@ def configure(args: argparse.Namespace, flag_bindings: list[str]) -> list[str]:
     bindings.append(f'DATA_DIR = {args.tfds_data_dir!r}')
   bindings = t5x_run_cli.link_aliases(bindings)
   gin_files = gin_files or [t5x_run_cli.RUN_FILE]
-  files = gin_cli.parse(gin_files, bindings, search)
+  # T5X's run bindings inside the files, as macros between the files and
+  # the command line.
+  in_files, skip = t5x_run_cli.file_bindings(gin_files, search)
+  files = gin_cli.parse(gin_files, in_files + bindings, search, skip=skip)
   links = t5x_run_cli.links_after_parse(bindings)
   if links:
-    files = gin_cli.parse(gin_files, bindings + links, search)
+    files = gin_cli.parse(
+      gin_files, in_files + bindings + links, search, skip=skip
+    )
   return files
 
 

@@ -13,6 +13,13 @@ A T5X user's eval or infer command line runs here with the draft added:
   num_partitions` -> `NUM_PARTITIONS`, `.model_parallel_submesh` ->
   `MODEL_PARALLEL_SUBMESH`); T5X bindings with no counterpart (logical axis
   rules, checkpoint modes) are errors naming them.
+* The same bindings inside a run gin file (`partitioning.PjitPartitioner.
+  num_partitions = 4`, under `from t5x import partitioning` or old-style)
+  set the same macros (`file_bindings`): gin skips those configurables and
+  the import of t5x (which need not be installed), and the macros are bound
+  after the files and before the command line, so that a command-line
+  binding still wins and, among files, the T5X name beats our macro (as
+  for the aliases below).
 * Aliases (`TASK` for `MIXTURE_OR_TASK_NAME`, ...; `ALIASES`): a binding on
   the command line beats one in a file, and at the same level the T5X name
   beats its alias. runs/eval.gin links each T5X name to its alias
@@ -116,6 +123,43 @@ def translate(bindings: Sequence[str]) -> list[str]:
         'see gin/runs/eval.gin)'
       )
   return out
+
+
+def file_bindings(
+  run_files: Sequence[str], search_paths: Sequence[str]
+) -> tuple[list[str], list[str]]:
+  """T5X run-parameter bindings inside gin files, as our macros.
+
+  Args:
+    run_files: the gin files gin will parse (`split_gin_files`).
+    search_paths: where their includes are looked up.
+
+  Returns:
+    (macro bindings in file order, the T5X selectors gin must skip).
+
+  Raises:
+    gin_cli.GinFlagError: a file binds a T5X run configurable with no
+      counterpart (named with the file).
+  """
+  roots = [*search_paths, paths.CONFIGS_DIR, paths.GIN_DIR, paths.REPO_DIR]
+  bindings, skip = [], []
+  for name in run_files:
+    try:
+      path = gin_cli.resolve_file(name, search_paths)
+      read = gin_file.read(path, search_paths=roots)
+    except (OSError, ValueError):
+      continue  # gin parses it and reports what is wrong.
+    for binding, value in read.skipped_values.items():
+      if _t5x_key(binding) is None:
+        continue
+      try:
+        bindings.extend(translate([f'{binding} = {value}']))
+      except gin_cli.GinFlagError as e:
+        raise gin_cli.GinFlagError(f'{path}: {e}') from None
+      selector = binding.split('/')[-1].rsplit('.', 1)[0]
+      if selector not in skip:
+        skip.append(selector)
+  return bindings, skip
 
 
 def link_aliases(bindings: Sequence[str]) -> list[str]:

@@ -83,6 +83,9 @@ class ModelFile:
     vocabulary: the sentencepiece model file it names, or None.
     extra_ids: the vocabulary's extra ids, or None.
     skipped: bindings that do not concern inference (`selector.arg`).
+    skipped_values: `selector.arg` -> its value as gin text (macros and
+      references left as `%NAME` / `@name`; the last binding wins), for
+      callers that translate run bindings (`eval/t5x_run_cli.py`).
   """
 
   path: str
@@ -90,6 +93,7 @@ class ModelFile:
   vocabulary: str | None
   extra_ids: int | None
   skipped: tuple[str, ...]
+  skipped_values: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def local_vocabulary(self) -> vocab_lib.Vocabulary | None:
     """The vocabulary the file names, if it is a file on this machine.
@@ -111,14 +115,14 @@ class _Macro:
 
 
 class _Reference:
-  def __init__(self, name: str):
+  def __init__(self, name: str, evaluate: bool = False):
     self.name = name
+    self.evaluate = evaluate
 
 
 class _Delegate(config_parser.ParserDelegate):
   def configurable_reference(self, scoped_configurable_name, evaluate):
-    del evaluate
-    return _Reference(scoped_configurable_name)
+    return _Reference(scoped_configurable_name, evaluate)
 
   def macro(self, macro_name):
     return _Macro(macro_name)
@@ -173,6 +177,7 @@ class _Reader:
     self.config: dict[str, tuple[Any, str]] = {}
     self.vocab: dict[str, tuple[Any, str]] = {}
     self.skipped: list[str] = []
+    self.skipped_values: dict[str, str] = {}
 
   def read_file(self, path: str, depth: int = 0) -> None:
     if depth > _MAX_INCLUDE_DEPTH:
@@ -212,6 +217,7 @@ class _Reader:
       self.skipped.append(binding)
     else:
       self.skipped.append(binding)
+      self.skipped_values[binding] = gin_text(st.value)
 
   def value(self, value: Any, where: str, seen: tuple[str, ...] = ()) -> Any:
     if isinstance(value, _Macro):
@@ -227,6 +233,23 @@ class _Reader:
     if isinstance(value, (list, tuple)):
       return type(value)(self.value(v, where, seen) for v in value)
     return value
+
+
+def gin_text(value: Any) -> str:
+  """A parsed binding value written back as gin syntax."""
+  if isinstance(value, _Macro):
+    return f'%{value.name}'
+  if isinstance(value, _Reference):
+    return f'@{value.name}' + ('()' if value.evaluate else '')
+  if isinstance(value, dict):
+    items = ', '.join(f'{gin_text(k)}: {gin_text(v)}' for k, v in value.items())
+    return '{' + items + '}'
+  if isinstance(value, (list, tuple)):
+    items = [gin_text(v) for v in value]
+    if isinstance(value, list):
+      return '[' + ', '.join(items) + ']'
+    return '(' + ', '.join(items) + (',)' if len(items) == 1 else ')')
+  return repr(value)
 
 
 def read(
@@ -275,4 +298,5 @@ def read(
     vocabulary=vocab.get('sentencepiece_model_file'),
     extra_ids=None if extra_ids is None else int(extra_ids),
     skipped=tuple(reader.skipped),
+    skipped_values=dict(reader.skipped_values),
   )
