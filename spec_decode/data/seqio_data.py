@@ -28,6 +28,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -242,6 +243,13 @@ def _text(value: Any) -> Any:
   return value
 
 
+def _numpy(element: Any) -> Any:
+  """A dataset element's tensors as numpy (as `as_numpy_iterator` gives)."""
+  if isinstance(element, dict):
+    return {k: _numpy(v) for k, v in element.items()}
+  return element.numpy()
+
+
 def _number(value: Any) -> float | None:
   value = getattr(value, 'value', value)  # seqio.metrics.Scalar
   if isinstance(value, bool) or np.ndim(value) != 0:
@@ -322,7 +330,19 @@ class SeqioTask:
   def read(
     self, split: str, lengths: dict[str, int], limit: int | None
   ) -> list[Example]:
-    """The first `limit` examples of `split` of each (sub)task, in order.
+    """The first `limit` examples of `split` of each (sub)task, in order
+    (`read_share` with every example kept)."""
+    return [ex for _, ex in self.read_share(split, lengths, limit)]
+
+  def read_share(
+    self,
+    split: str,
+    lengths: dict[str, int],
+    limit: int | None,
+    keep: Callable[[str, int], bool] | None = None,
+  ) -> list[tuple[str, Example | None]]:
+    """The first `limit` examples of `split` of each (sub)task, in order,
+    converted where `keep` says so.
 
     Args:
       split: the split; mixture subtasks without it are skipped, as T5X's
@@ -331,6 +351,13 @@ class SeqioTask:
         `get_dataset`; encoder ids are also cut to N (T5X's feature
         converter does).
       limit: examples per (sub)task (None: all).
+      keep: `keep(subtask, position)`, asked in order for each example:
+        whether to convert it (a process reads its share of a multi-process
+        run); None: all.
+
+    Returns:
+      `(subtask, example)` in order; the example is None where `keep` said
+      no (it went through the preprocessors, nothing else).
     """
     with_split = [t for t in self.tasks if split in t.splits]
     if not with_split:
@@ -351,7 +378,11 @@ class SeqioTask:
       if limit is not None:
         ds = ds.take(limit)
       features = task.output_features
-      for raw in ds.as_numpy_iterator():
+      for position, element in enumerate(ds):
+        if keep is not None and not keep(task.name, position):
+          out.append((task.name, None))
+          continue
+        raw = _numpy(element)
         tokens = [int(t) for t in raw['inputs'][: lengths['inputs']]]
         pretokenized = {
           k: _text(v) for k, v in raw.items() if k.endswith('_pretokenized')
@@ -359,23 +390,26 @@ class SeqioTask:
         inputs = pretokenized.get('inputs_pretokenized')
         targets = pretokenized.get('targets_pretokenized')
         out.append(
-          Example(
-            task=task.name,
-            raw=raw,
-            inputs=(
-              inputs
-              if isinstance(inputs, str)
-              else features['inputs'].vocabulary.decode(tokens)
+          (
+            task.name,
+            Example(
+              task=task.name,
+              raw=raw,
+              inputs=(
+                inputs
+                if isinstance(inputs, str)
+                else features['inputs'].vocabulary.decode(tokens)
+              ),
+              targets=(
+                targets
+                if isinstance(targets, str)
+                else features['targets'].vocabulary.decode(
+                  [int(t) for t in raw['targets']]
+                )
+              ),
+              input_tokens=tokens,
+              pretokenized=pretokenized,
             ),
-            targets=(
-              targets
-              if isinstance(targets, str)
-              else features['targets'].vocabulary.decode(
-                [int(t) for t in raw['targets']]
-              )
-            ),
-            input_tokens=tokens,
-            pretokenized=pretokenized,
           )
         )
     return out

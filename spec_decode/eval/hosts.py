@@ -3,24 +3,30 @@
 Under `jax.distributed` (`parallel/multihost.py`) every process runs the
 same eval run on one global mesh. `Hosts` says what falls to this process:
 
-* Rows. Batch `k` holds examples `k*B .. k*B+B-1` (B = the batch size) in
-  order, as in a single process. A process feeds the rows its devices hold
-  on the mesh's `data` axis (`multihost.feeds_rows`), so it tokenizes only
-  the examples in those rows (`owns`); the encoder ids of the others never
-  reach it. The input widths (each batch is padded to its longest row,
-  bucketed) are agreed once per run: `agreed_lengths` takes the maximum of
-  every process's known lengths.
-* Outputs. `sd.generate` returns the whole batch on every process, so every
-  process builds the same records; process 0 alone (`writer`) writes
-  run_state.json, examples.jsonl and the results, and what it read back
-  (how many examples a resumed run has done, an auto-γ choice, the final
-  results) is sent to the others (`multihost.broadcast_json`), so that all
-  take the same steps.
+* Rows and examples. Batch `k` holds examples `k*B .. k*B+B-1` (B = the
+  batch size) in order, as in a single process. A process feeds the rows
+  its devices hold on the mesh's `data` axis (`multihost.feeds_rows`), so
+  its share of the split is the examples that land in those rows (`owns`:
+  example `i` is in row `i mod B`): it reads only those (their text, their
+  features, their ids; `eval/task_data.py`), as T5X's hosts each read their
+  shard of the input. Processes whose devices hold the same rows (a `model`
+  axis that spans processes) read the same share. The input widths (each
+  batch is padded to its longest row, bucketed) are agreed once per run:
+  `agreed_lengths` takes the maximum of every process's known lengths.
+* Outputs. `sd.generate` returns the whole batch on every process, so the
+  outputs and per-example statistics are everywhere; what process 0 alone
+  (`writer`) lacks to write examples.jsonl, the predictions and the scores
+  (the other shares' inputs, references and features) is gathered to it
+  once (`gather_examples`). It writes run_state.json, examples.jsonl and
+  the results, and what it read back (how many examples a resumed run has
+  done, an auto-γ choice, the final results) is sent to the others
+  (`multihost.broadcast_json`), so that all take the same steps.
 
 In a single process everything is local and nothing is exchanged.
 """
 
-from collections.abc import Callable
+import pickle
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,18 +88,46 @@ class Hosts:
       'model': p.model_size if p else 1,
     }
 
-  def owner(self, num_evaluated: int) -> Callable[[int], bool]:
-    """`owns(i)`: whether this process feeds example `i`.
+  def owns(self, i: int) -> bool:
+    """Whether this process feeds the example at position `i` of its
+    stream (evaluated examples count from 0, the calibration examples after
+    them from 0 again: `run._calibrate` batches them from there)."""
+    return bool(self.mine[i % self.batch_size])
 
-    Evaluated examples `0..n-1` are batched from 0, the calibration
-    examples after them from `n` (`run._calibrate`).
-    """
-    mine, b = self.mine, self.batch_size
+  def gather_examples(self, *columns: list[Any]) -> None:
+    """Fills the writer's `columns` (per-example lists, None: another
+    process's) with every process's; the others' are left as they are."""
+    if self.count == 1:
+      return
+    mine = {
+      i: [c[i] for c in columns]
+      for i in range(len(columns[0]))
+      if columns[0][i] is not None
+    }
+    # Between processes of one run: pickle carries the seqio features.
+    parts = multihost.allgather_bytes(pickle.dumps(mine))
+    if not self.writer:
+      return
+    for part in parts:
+      for i, values in pickle.loads(part).items():
+        for column, value in zip(columns, values, strict=True):
+          column[i] = value
+    missing = [i for i, ex in enumerate(columns[0]) if ex is None]
+    if missing:
+      raise RuntimeError(f'no process read examples {missing[:10]}')
 
-    def owns(i: int) -> bool:
-      return bool(mine[(i if i < num_evaluated else i - num_evaluated) % b])
-
-    return owns
+  def report_share(self, read: int, total: int) -> None:
+    """Says (on stderr) how many of the examples this process read."""
+    if self.count == 1:
+      return
+    rows = np.flatnonzero(self.mine).tolist()
+    print(
+      f'spec-decode eval: process {self.index} of {self.count} read '
+      f'{read} of {total} examples (batch rows {rows} of '
+      f'{self.batch_size})',
+      file=sys.stderr,
+      flush=True,
+    )
 
   def agreed_lengths(self, token_lists: Sequence[list[int] | None]):
     """`[N]` input lengths of every example (0 where unknown everywhere)."""

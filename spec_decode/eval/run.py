@@ -127,10 +127,13 @@ def evaluate(
   vocab_lib.check_compatible(vocab, draft_vocab)
   hosts = hosts_lib.Hosts(target, draft, s.batch_size)
   extra = s.calibration_batches * s.batch_size if s.gamma == 'auto' else 0
-  data = task_data.load(s, vocab, extra, hosts.owner)
+  data = task_data.load(s, vocab, extra, hosts.owns)
   vocab_lib.check_compatible(data.vocabulary, draft_vocab)
   exs = data.examples
+  hosts.report_share(data.num_read, len(exs) + len(data.calibration_tokens))
   lengths = hosts.agreed_lengths(data.token_lists + data.calibration_tokens)
+  # Process 0 writes every example's text and scores them all.
+  hosts.gather_examples(exs, data.features)
   identity = run_identity(s, len(exs), target, draft, data.vocabulary)
   if data.source != seqio_data.BUILTIN:
     identity['task_source'] = data.source
@@ -274,6 +277,11 @@ def _run_batches(
       )
       plain, plain_s = decode(enc, seeds)
       specs = {g: decode(enc, seeds, g) for g in gammas}
+      if not hosts.writer:  # It lacks the other shares' text: process 0
+        records.extend([None] * len(indices))  # builds the records.
+        if on_batch_done is not None:
+          on_batch_done(len(records))
+        continue
       new = []
       for r, i in enumerate(indices):
         tokens = plain.tokens[r, : plain.lengths[r]].tolist()

@@ -17,9 +17,18 @@ encoder ids are the task's (cut to max_input_len); outputs are decoded with
 the task's output vocabulary and scored by its `postprocess_fn` and
 metrics. The task's vocabulary must be the model's (a model without one
 uses the task's).
+
+In a multi-process run `owns(i)` (`hosts.Hosts.owns`) names this process's
+share: only those examples are kept, tokenized and, for seqio, converted
+from TensorFlow (the others are None). The split is still iterated in full
+(a TSV's lines are scanned; a seqio task's preprocessors run on every
+example, as `tf.data.Dataset.shard` would): the share is taken after the
+preprocessors, so that the examples, their order and the first
+`num_examples` are those of a single process and the results are the same.
 """
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -45,33 +54,49 @@ class TaskData:
     metric: what `score` reports (`bleu`, `rouge`, or the seqio metric
       functions' names).
     vocabulary: the model vocabulary the ids belong to.
-    examples: `{'inputs', 'targets'}` text per example.
+    examples: per example `{'inputs', 'targets'}` (text); None: another
+      process's (until `hosts.Hosts.gather_examples` fills the writer's).
+    features: per example (None likewise) `'subtask'` (T5X writes a file
+      per task), `'pretokenized'` (the `*_pretokenized` features T5X's
+      infer writes as `inputs`) and, for seqio, `'raw'` (the features the
+      metrics read).
     token_lists: encoder ids per example (None: another process's).
     calibration_tokens: encoder ids of the examples after those.
     decode: output ids -> text.
-    score: see `Scorer`.
-    subtasks: the (sub)task of each example (T5X writes a file per task).
-    pretokenized: per example, the `*_pretokenized` features T5X's infer
-      writes as `inputs`.
+    score: see `Scorer` (reads `examples`, so only where they are all).
   """
 
   source: str
   metric: str
   vocabulary: vocab_lib.Vocabulary
-  examples: list[dict[str, str]]
+  examples: list[dict[str, str] | None]
+  features: list[dict[str, Any] | None]
   token_lists: list[list[int] | None]
   calibration_tokens: list[list[int] | None]
   decode: Callable[[list[int]], str]
   score: Scorer
-  subtasks: list[str]
-  pretokenized: list[dict[str, Any]]
+
+  @property
+  def num_read(self) -> int:
+    """How many examples (evaluated and calibration) this process read."""
+    return sum(t is not None for t in self.token_lists) + sum(
+      t is not None for t in self.calibration_tokens
+    )
+
+  @property
+  def subtasks(self) -> list[str]:
+    return [f['subtask'] for f in self.features]
+
+  @property
+  def pretokenized(self) -> list[dict[str, Any]]:
+    return [f['pretokenized'] for f in self.features]
 
 
 def load(
   settings: settings_lib.EvalSettings,
   vocabulary: vocab_lib.Vocabulary | None,
   extra: int = 0,
-  owner: Callable[[int], Callable[[int], bool]] | None = None,
+  owns: Callable[[int], bool] | None = None,
 ) -> TaskData:
   """The settings' task split (see the module docstring).
 
@@ -79,11 +104,9 @@ def load(
     settings: the run's settings (task, split, num_examples, lengths).
     vocabulary: the model's vocabulary (None: the model has none).
     extra: examples to read after the evaluated ones, for calibration.
-    owner: in a multi-process run, `owner(n)` (n: the number of evaluated
-      examples) is the predicate of the examples this process feeds
-      (`hosts.Hosts.owner`); a built-in task's other examples are not
-      tokenized (their `token_lists` entries are None). seqio tasks
-      tokenize in their preprocessors, so every process has every id.
+    owns: in a multi-process run, whether this process reads the example
+      at a position of the evaluated (or, from 0 again, the calibration)
+      examples (`hosts.Hosts.owns`); the others are None. None: all.
 
   Raises:
     ValueError: an unknown task, no vocabulary, a seqio task whose
@@ -92,10 +115,11 @@ def load(
   source = seqio_data.lookup(settings.task)
   if source is None:
     raise ValueError(seqio_data.unknown_task_message(settings.task))
+  owns = owns or (lambda i: True)
   if source == seqio_data.SEQIO:
-    data = _seqio(settings, vocabulary, extra)
+    data = _seqio(settings, vocabulary, extra, owns)
   else:
-    data = _builtin(settings, vocabulary, extra, owner)
+    data = _builtin(settings, vocabulary, extra, owns)
   if not data.examples:
     raise ValueError(f'{settings.task}/{settings.split} has no examples')
   return data
@@ -111,42 +135,47 @@ def _builtin(
   s: settings_lib.EvalSettings,
   vocab: vocab_lib.Vocabulary | None,
   extra: int,
-  owner: Callable[[int], Callable[[int], bool]] | None,
+  owns: Callable[[int], bool],
 ) -> TaskData:
   if vocab is None:
     raise ValueError(
       'the target has no vocabulary; set EvalSettings.vocabulary'
     )
   task = tasks_lib.get_task(s.task, s.data_dir)
-  exs = list(tasks_lib.examples(task, s.split, limit=_limit(s, extra)))
-  n = len(exs) if s.num_examples is None else min(s.num_examples, len(exs))
-  owns = owner(n) if owner is not None else (lambda i: True)
-  tokens = [
-    decoding.tokenize(vocab, [ex], s.max_input_len)[0] if owns(i) else None
-    for i, ex in enumerate(exs)
-  ]
-  references = [ex['targets'] for ex in exs[:n]]
+  n = s.num_examples
+  exs, features, tokens = [], [], []
+  pairs = itertools.islice(task.split_reader(s.split), _limit(s, extra))
+  for i, (source, target) in enumerate(pairs):
+    if not owns(i if n is None or i < n else i - n):
+      exs.append(None)
+      features.append(None)
+      tokens.append(None)
+      continue
+    ex = {'inputs': task.input_prefix + source, 'targets': target}
+    tokens.append(decoding.tokenize(vocab, [ex], s.max_input_len)[0])
+    exs.append(ex)
+    pretokenized = {
+      'inputs_pretokenized': ex['inputs'],
+      'targets_pretokenized': ex['targets'],
+    }
+    features.append({'subtask': s.task, 'pretokenized': pretokenized})
+  n = len(exs) if n is None else min(n, len(exs))
+  examples = exs[:n]
 
   def score(texts, _):
+    references = [ex['targets'] for ex in examples]
     return metrics_lib.compute(task.metric, texts, references), []
 
   return TaskData(
     source=seqio_data.BUILTIN,
     metric=task.metric,
     vocabulary=vocab,
-    examples=exs[:n],
+    examples=examples,
+    features=features[:n],
     token_lists=tokens[:n],
     calibration_tokens=tokens[n:],
     decode=vocab.decode,
     score=score,
-    subtasks=[s.task] * n,
-    pretokenized=[
-      {
-        'inputs_pretokenized': ex['inputs'],
-        'targets_pretokenized': ex['targets'],
-      }
-      for ex in exs[:n]
-    ],
   )
 
 
@@ -154,6 +183,7 @@ def _seqio(
   s: settings_lib.EvalSettings,
   vocab: vocab_lib.Vocabulary | None,
   extra: int,
+  owns: Callable[[int], bool],
 ) -> TaskData:
   if s.data_dir:
     seqio_data.set_tfds_data_dir(s.data_dir)
@@ -162,30 +192,60 @@ def _seqio(
     vocab = task.model_vocabulary()
   task.check_vocabulary(vocab)
   lengths = {'inputs': s.max_input_len, 'targets': s.max_decode_len}
-  everything = task.read(s.split, lengths, _limit(s, extra))
   # The first num_examples of each (sub)task are evaluated; the rest of
-  # what was read calibrates auto γ.
+  # what was read calibrates auto γ. `keep` is asked in reading order.
   per_task: dict[str, int] = {}
+  counts = {'evaluated': 0, 'rest': 0}
+
+  def keep(subtask: str, _: int) -> bool:
+    per_task[subtask] = per_task.get(subtask, 0) + 1
+    evaluated = s.num_examples is None or per_task[subtask] <= s.num_examples
+    kind = 'evaluated' if evaluated else 'rest'
+    counts[kind] += 1
+    return owns(counts[kind] - 1)
+
+  everything = task.read_share(s.split, lengths, _limit(s, extra), keep)
+  per_task.clear()
   exs, rest = [], []
-  for ex in everything:
-    per_task[ex.task] = per_task.get(ex.task, 0) + 1
-    if s.num_examples is None or per_task[ex.task] <= s.num_examples:
+  for subtask, ex in everything:
+    per_task[subtask] = per_task.get(subtask, 0) + 1
+    if s.num_examples is None or per_task[subtask] <= s.num_examples:
       exs.append(ex)
     else:
       rest.append(ex)
+  examples = [
+    None if ex is None else {'inputs': ex.inputs, 'targets': ex.targets}
+    for ex in exs
+  ]
+  features = [
+    None
+    if ex is None
+    else {'subtask': ex.task, 'pretokenized': ex.pretokenized, 'raw': ex.raw}
+    for ex in exs
+  ]
 
   def score(_, token_lists):
-    return task.score(exs, token_lists)
+    read = [
+      seqio_data.Example(
+        task=f['subtask'],
+        raw=f['raw'],
+        inputs=ex['inputs'],
+        targets=ex['targets'],
+        input_tokens=[],
+        pretokenized=f['pretokenized'],
+      )
+      for ex, f in zip(examples, features, strict=True)
+    ]
+    return task.score(read, token_lists)
 
   return TaskData(
     source=seqio_data.SEQIO,
     metric=', '.join(task.metric_names()) or '(no metrics)',
     vocabulary=vocab,
-    examples=[{'inputs': ex.inputs, 'targets': ex.targets} for ex in exs],
-    token_lists=[ex.input_tokens for ex in exs],
-    calibration_tokens=[ex.input_tokens for ex in rest],
+    examples=examples,
+    features=features,
+    token_lists=[None if ex is None else ex.input_tokens for ex in exs],
+    calibration_tokens=[None if ex is None else ex.input_tokens for ex in rest],
     decode=task.decode,
     score=score,
-    subtasks=[ex.task for ex in exs],
-    pretokenized=[ex.pretokenized for ex in exs],
   )

@@ -23,15 +23,25 @@ coordination service's heartbeats: they stop with JAX's "another task
 died" message after `SPEC_DECODE_HEARTBEAT_TIMEOUT` seconds (default
 JAX's 100) instead of waiting for it forever.
 
+A process that is sent SIGTERM (or SIGINT) in a multi-process run exits at
+once (exit code 128 + the signal), saying so: JAX's preemption notifier
+would otherwise swallow SIGTERM and a graceful exit would wait in
+`jax.distributed.shutdown` for peers that are blocked in a collective with
+it. Files written so far stay valid (eval runs append whole lines and
+replace JSON files atomically), so a rerun resumes; the other processes
+stop after the heartbeat timeout, as if it had been killed.
+
 Eval runs (`eval/run.py`) also use `feeds_rows` (the batch rows whose
 input this process must provide), `rows_to_global` (those rows -> one
 global array), `gather_max` and `broadcast_json` (small values agreed
-once per run).
+once per run) and `allgather_bytes` (what process 0 must write).
 """
 
 import json
 import logging
 import os
+import signal
+import threading
 from typing import Any
 
 import jax
@@ -126,6 +136,7 @@ def initialize(
     process_id=process_id,
     **({} if heartbeat is None else {'heartbeat_timeout_seconds': heartbeat}),
   )
+  _exit_on_termination_signals()
   _log.info(
     'process %d of %d, %d local devices of %d',
     jax.process_index(),
@@ -134,6 +145,50 @@ def initialize(
     jax.device_count(),
   )
   return True
+
+
+_TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _terminate(signum: int) -> None:
+  """Ends this process now (no atexit: no distributed shutdown)."""
+  name = signal.Signals(signum).name
+  message = (
+    f'\nspec-decode: process {jax.process_index()} of '
+    f'{jax.process_count()} got {name} and exits now; the other processes '
+    'stop when their heartbeat timeout notices. Finished batches are '
+    'saved: rerun the same command on every host to resume.\n'
+  )
+  try:  # No flush of sys.stdout: another thread may hold its lock.
+    os.write(2, message.encode())
+  finally:
+    os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+def _exit_on_termination_signals() -> None:
+  """SIGTERM and SIGINT end the process at once (see the docstring).
+
+  The Python handler runs only when the main thread next runs Python code,
+  which a long device computation or a collective waiting for a dead peer
+  can delay indefinitely; the wakeup fd is written by the C-level handler
+  at once, and a watcher thread acts on it.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    _log.warning('not the main thread: signals keep their handlers')
+    return
+  read_end, write_end = os.pipe()
+  os.set_blocking(write_end, False)
+  signal.set_wakeup_fd(write_end)
+  for signum in _TERMINATION_SIGNALS:
+    signal.signal(signum, lambda n, _: _terminate(n))
+
+  def watch():
+    while True:
+      data = os.read(read_end, 1)
+      if data and data[0] in _TERMINATION_SIGNALS:
+        _terminate(data[0])
+
+  threading.Thread(target=watch, name='signal-watch', daemon=True).start()
 
 
 def _env_int(name: str) -> int | None:
@@ -229,6 +284,22 @@ def gather_max(values: np.ndarray) -> np.ndarray:
   if jax.process_count() == 1:
     return values
   return np.asarray(multihost_utils.process_allgather(values)).max(axis=0)
+
+
+def allgather_bytes(data: bytes) -> list[bytes]:
+  """Every process's `data`, in process order, on every process."""
+  if jax.process_count() == 1:
+    return [data]
+  sizes = np.asarray(
+    multihost_utils.process_allgather(np.array([len(data)], np.int64))
+  ).reshape(-1)
+  buffer = np.zeros(max(int(sizes.max()), 1), np.uint8)
+  buffer[: len(data)] = np.frombuffer(data, np.uint8)
+  gathered = np.asarray(multihost_utils.process_allgather(buffer))
+  return [
+    gathered[p, : int(n)].astype(np.uint8).tobytes()
+    for p, n in enumerate(sizes)
+  ]
 
 
 def broadcast_json(obj: Any) -> Any:
