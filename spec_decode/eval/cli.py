@@ -44,11 +44,12 @@ Flags:
   --alsologtostderr    T5X's flag; accepted, no effect.
 
 Partitioned and multi-process runs: NUM_PARTITIONS (or T5X's
-`--gin.partitioning.PjitPartitioner.num_partitions`) sets the `model` axis
-of the mesh, `data` takes the other devices; with JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES and JAX_PROCESS_ID in the environment every process runs
-this same command on one global mesh and process 0 writes the files (see
-the README, "Running on a TPU mesh or several hosts").
+`partitioning.PjitPartitioner.num_partitions`, as a flag or in a gin file)
+sets the `model` axis of the mesh, `data` takes the other devices; with
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID in the
+environment every process runs this same command on one global mesh, reads
+its share of the examples, and process 0 writes the files (see the README,
+"Running on a TPU mesh or several hosts").
 
 A config that also includes `runs/compare.gin` (and binds DRAFTS) runs
 `spec_decode.eval.compare.compare`: one eval per drafter x temperature x
