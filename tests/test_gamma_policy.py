@@ -95,6 +95,54 @@ def test_forced_schedule_and_iteration_limit():
   assert picks == [0, 2, 3, 0]  # -1: the policy (prior alpha 0.8 -> 3)
 
 
+def test_gamma_zero_is_probed_periodically():
+  # SECONDS: a probe costs 0.5 s over a 1 s plain step; at 2% of the time
+  # at gamma 0 that is one probe per 25 plain steps.
+  inputs = gamma_policy.PolicyInputs.create(SECONDS)
+  assert int(gamma_policy.probe_period(inputs.seconds)) == 25
+  low = (np.float32([200.0]), np.float32([1000.0]), np.ones(1, bool))
+  pick = lambda idle: int(  # noqa: E731
+    gamma_policy.choose(*low, inputs, np.int32(0), np.int32(idle))
+  )
+  assert [pick(0), pick(24), pick(25), pick(40)] == [0, 0, 1, 1]
+  # A gamma the policy wants anyway is not changed by the idle count.
+  high = (np.float32([900.0]), np.float32([1000.0]), np.ones(1, bool))
+  assert int(gamma_policy.choose(*high, inputs, np.int32(0), 30)) == 3
+  # Never a probe where gamma 0 is the only sensible choice to measure.
+  none = gamma_policy.PolicyInputs.create([1.0, np.inf, np.inf, np.inf])
+  assert int(gamma_policy.probe_period(none.seconds)) == 2**30
+  assert int(gamma_policy.probe_period(inputs.seconds, 0.0)) == 2**30
+
+
+def test_policy_stuck_at_zero_probes_inside_the_loop(pair):
+  """A draft that never agrees: after the prior's first iterations the
+  policy runs gamma 0, and probes once per period (here 4: seconds 1 and
+  1.0625 at 2%); without probes (a negative control) it never drafts again."""
+  target, _ = pair
+  # An independent random draft of another seed: its greedy tokens rarely
+  # match the target's.
+  draft = sd.Model.init(tiny_config(vocab_size=32), seed=7)
+  enc = encoder_batch(2, 7, 32, seed=8)
+  settings = DecodeSettings(max_decode_len=40, gamma=2, gamma_policy=True)
+  keys = row_keys(0, 2)
+  policy = gamma_policy.PolicyInputs.create([1.0, 1.0625, 1.9])
+  assert int(gamma_policy.probe_period(policy.seconds)) == 4
+
+  def histogram(policy):
+    _, _, c = loops.speculative_decode_jit(
+      target, draft, np.asarray(enc), keys, settings=settings, policy=policy
+    )
+    return np.asarray(c.gamma_histogram).max(0)
+
+  hist = histogram(policy)
+  assert hist[0] >= 15 and hist[1] >= 5, hist
+  # Probing off (a run-time input: the same program).
+  stuck = histogram(policy.replace(explore_cost=np.float32(0.0)))
+  # Measured: [24, 16, 0] with probes, [35, 5, 0] without (the prior's
+  # first iterations, then gamma 0 to the end).
+  assert hist[1] >= stuck[1] + 5 and stuck[0] > hist[0], (stuck, hist)
+
+
 # -------------------------------------------------- greedy and catch-up
 
 

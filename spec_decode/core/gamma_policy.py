@@ -13,14 +13,33 @@ timed in context, so cache eviction and the loop's own work are in it) and
 alpha_r is the running acceptance estimate of row r: the mean of beta over
 the positions it tested so far, shrunk toward the batch's pooled mean, which
 itself starts from an optimistic prior so that the first iterations draft
-and measure (a gamma-0 iteration tests nothing and teaches nothing).
+and measure.
+
+Exploration: a gamma-0 iteration tests nothing, so once gamma 0 wins the
+estimate could never change again (a draft that is poor early in the
+sequence and good later would never be tried). After `probe_period`
+consecutive gamma-0 choices the policy drafts gamma 1 once (a probe); the
+period is set from the measured seconds so that the probes' extra time is
+at most EXPLORE_COST of the time spent at gamma 0, and the probe's tested
+position updates the estimate like any other.
 
 Exactness: the choice at an iteration that starts at output length n reads
 only counters of positions <= n, whose draws are all behind; the draws of
 positions > n are made from their own keys afterwards, so every iteration
 is Algorithm 1 run with a gamma fixed before its draws, and each token keeps
 the target's distribution. The choice never reads future draws (no
-calibration decode with the decode's own keys).
+calibration decode with the decode's own keys); probes are scheduled from
+the count of earlier gamma-0 iterations, also a thing of the past.
+
+What holds across rows: the choice is the batch's, from all active rows'
+past, so for a fixed seed a row's sampled tokens can depend on its batch
+mates (a different schedule draws a position through different keys).
+Each row's tokens still follow the target's distribution exactly, and the
+rows are independent samples, as under plain sampling: at every iteration
+the gamma is fixed before that iteration's draws, which use each row's own
+keys, so conditionally on the past each row's next tokens are the target's
+and independent of the other rows' (induction over iterations). Greedy
+outputs are the target's argmax path whatever the schedule.
 """
 
 import flax.struct
@@ -34,6 +53,8 @@ PRIOR_ALPHA = 0.8
 PRIOR_WEIGHT = 2.0
 # A row's own estimate is shrunk toward the pooled one with this weight.
 ROW_PRIOR_WEIGHT = 4.0
+# Probes may add at most this fraction to the time spent at gamma 0.
+EXPLORE_COST = 0.02
 # alpha is capped below 1 so that E(alpha, g) stays finite and ordered.
 _MAX_ALPHA = 0.999
 
@@ -51,20 +72,28 @@ class PolicyInputs:
       times the loop).
     max_iterations: `[] int32`, the loop stops after this many iterations
       (timing runs; a decode passes a bound it never reaches).
+    explore_cost: `[] float32` the probes' time budget as a fraction of the
+      time at gamma 0 (`probe_period`); 0 turns probing off.
   """
 
   seconds: jax.Array
   forced_gamma: jax.Array
   max_iterations: jax.Array
+  explore_cost: jax.Array
 
   @classmethod
   def create(
-    cls, seconds, forced_gamma=-1, max_iterations: int = 2**30
+    cls,
+    seconds,
+    forced_gamma=-1,
+    max_iterations: int = 2**30,
+    explore_cost: float = EXPLORE_COST,
   ) -> 'PolicyInputs':
     return cls(
       seconds=jnp.asarray(seconds, jnp.float32),
       forced_gamma=jnp.atleast_1d(jnp.asarray(forced_gamma, jnp.int32)),
       max_iterations=jnp.asarray(max_iterations, jnp.int32),
+      explore_cost=jnp.asarray(explore_cost, jnp.float32),
     )
 
 
@@ -102,17 +131,49 @@ def goodput(
   return total / seconds
 
 
+def probe_period(
+  seconds: jax.Array, explore_cost: jax.Array | float = EXPLORE_COST
+) -> jax.Array:
+  """Gamma-0 iterations `[] int32` between probes at gamma 1.
+
+  The smallest P with (seconds[1] - seconds[0]) / (P seconds[0]) <=
+  explore_cost (a probe's extra time against P plain steps); never when
+  either gamma is not a candidate or `explore_cost` is 0.
+  """
+  extra = jnp.maximum(seconds[1] - seconds[0], 0.0)
+  period = jnp.ceil(extra / (explore_cost * seconds[0]))
+  ok = jnp.isfinite(period)
+  return jnp.where(ok, jnp.clip(period, 1.0, 2.0**30), 2.0**30).astype(
+    jnp.int32
+  )
+
+
 def choose(
   beta_sum: jax.Array,
   tested: jax.Array,
   active: jax.Array,
   inputs: PolicyInputs,
   step: jax.Array,
+  idle: jax.Array | int = 0,
 ) -> jax.Array:
-  """The gamma `[] int32` of iteration `step` (forced, or best goodput)."""
+  """The gamma `[] int32` of iteration `step` (forced, or best goodput).
+
+  Args:
+    beta_sum: `[B]` sum of beta over the positions each row tested.
+    tested: `[B]` positions each row tested.
+    active: `[B] bool` rows still decoding.
+    inputs: the run-time inputs (seconds, schedule).
+    step: `[] int32` the iteration.
+    idle: `[] int32` consecutive gamma-0 iterations just before this one;
+      at `probe_period` the policy's gamma 0 becomes a gamma-1 probe.
+  """
   best = jnp.argmax(
     goodput(row_alphas(beta_sum, tested, active), active, inputs.seconds)
   ).astype(jnp.int32)
+  probe = (best == 0) & (
+    idle >= probe_period(inputs.seconds, inputs.explore_cost)
+  )
+  best = jnp.where(probe, 1, best)
   schedule = inputs.forced_gamma
   forced = schedule[step % schedule.shape[0]]
   return jnp.where(forced >= 0, forced, best)

@@ -91,6 +91,8 @@ class LoopState:
       token, for drafters that use target features (else None).
     draft_synced: `[B] int32` leading inputs a language-model draft's cache
       holds (gamma='auto', where plain steps skip the draft; else None).
+    policy_idle: `[] int32` consecutive gamma-0 iterations just before this
+      one (gamma='auto': the policy's probe schedule; else None).
   """
 
   inputs: jax.Array
@@ -102,6 +104,7 @@ class LoopState:
   counters: SpecCounters | None = None
   features: jax.Array | None = None
   draft_synced: jax.Array | None = None
+  policy_idle: jax.Array | None = None
 
 
 def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
@@ -363,6 +366,7 @@ def speculative_decode(
       active,
       policy,
       state.step,
+      state.policy_idle,
     )
     # Gamma 0 keeps a stateful drafter's state stale: it is never a
     # candidate there (its seconds are inf), and its branch drafts 1.
@@ -378,7 +382,8 @@ def speculative_decode(
       + jax.nn.one_hot(g, gmax + 1, dtype=jnp.int32)[None]
       * active[:, None].astype(jnp.int32)
     )
-    return new.replace(counters=counters)
+    idle = jnp.where(g == 0, state.policy_idle + 1, 0)
+    return new.replace(counters=counters, policy_idle=idle)
 
   def not_finished(state: LoopState) -> jax.Array:
     going = _not_finished(state, settings)
@@ -398,6 +403,7 @@ def speculative_decode(
     draft_synced=(
       jnp.zeros((batch,), jnp.int32) if auto and lm_draft is not None else None
     ),
+    policy_idle=jnp.zeros((), jnp.int32) if auto else None,
   )
   body = policy_step if auto else functools.partial(draft_step, g=gmax)
   state = lax.while_loop(not_finished, body, state)
