@@ -4,11 +4,13 @@ fresh-process loaders run through the package (no `python -m` module).
 Timings are `make bench`'s business; these check the command lines only.
 """
 
+import jax.numpy as jnp
 import pytest
 
 from spec_decode import main as spec_decode_main
 from spec_decode.bench import cli
 from spec_decode.bench import load
+from spec_decode.bench import speed
 
 SUB_BENCHMARKS = (
   'load',
@@ -45,6 +47,18 @@ def test_flags_before_a_sub_benchmark_are_an_error(capsys):
     cli.main(['--quick', 'load'])
   assert exit_.value.code == 2
   assert 'spec-decode bench load' in capsys.readouterr().err
+
+
+def test_dtype_flag_sets_both_models_and_refuses_others(capsys):
+  cfg = speed.with_dtype(speed.QUICK, 'bfloat16')
+  for model in (cfg.target, cfg.draft):
+    assert model.dtype == jnp.bfloat16 and model.param_dtype == jnp.bfloat16
+  assert cfg.policy_batches == speed.QUICK.policy_batches
+  assert speed.with_dtype(speed.QUICK, 'float32').draft == speed.QUICK.draft
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['--dtype', 'float16'])
+  assert exit_.value.code == 2
+  assert "invalid choice: 'float16'" in capsys.readouterr().err
 
 
 def test_load_child_runs_in_a_fresh_process(tmp_path, target):

@@ -2,6 +2,7 @@
 
   spec-decode bench [--quick] [--out bench.json] [--kernel both|on|off|none]
       [--kernel_only] [--profile on|off] [--profile_only] [--policy_only]
+      [--dtype float32|bfloat16]
   spec-decode bench BENCHMARK [its flags]
 
 Without a BENCHMARK: the sections of `bench.speed` (plain decoding
@@ -10,7 +11,9 @@ sizes, the Hugging Face peer, compile counts; `--kernel` and `--profile`
 add the kernel on/off and profile sections), printed as Markdown tables
 (`bench.report`) and written as JSON to `--out`. `make bench` runs it with
 `load` and `draft_dtype`. `spec-decode bench BENCHMARK --help` gives a
-sub-benchmark's flags.
+sub-benchmark's flags. On a GPU or TPU: `SPEC_DECODE_KERNEL=0 spec-decode
+bench --quick --dtype bfloat16` (bf16 weights and activations, float32
+logits, as T5X runs them there).
 """
 
 import argparse
@@ -70,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
   )
   parser.add_argument('--out', default='bench.json', help='JSON output path')
   parser.add_argument(
+    '--dtype',
+    choices=('float32', 'bfloat16'),
+    default='float32',
+    help="both models' weights and activations (logits stay float32); "
+    'bfloat16 is for accelerators (XLA:CPU runs bf16 matmuls slowly)',
+  )
+  parser.add_argument(
     '--kernel',
     choices=('both', 'on', 'off', 'none'),
     default=None,
@@ -107,11 +117,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_speed(args: argparse.Namespace) -> int:
   """The sections of `bench.speed` per the flags: JSON out, Markdown shown."""
-  cfg = speed.QUICK if args.quick else speed.FULL
+  cfg = speed.with_dtype(speed.QUICK if args.quick else speed.FULL, args.dtype)
   if args.kernel is None:
     args.kernel = 'none' if args.quick else 'both'
   if args.policy_only:
-    results = {'batch_policy': speed.policy_section(cfg), 'quick': args.quick}
+    results = {
+      'batch_policy': speed.policy_section(cfg),
+      'quick': args.quick,
+      'dtype': args.dtype,
+    }
     with open(args.out, 'w') as f:
       json.dump(results, f, indent=2)
     print(report.policy_markdown(results['batch_policy']))
@@ -125,6 +139,7 @@ def _run_speed(args: argparse.Namespace) -> int:
   if (args.profile == 'on' and not args.kernel_only) or args.profile_only:
     results['profile'] = speed.profile_section(cfg)
   results['quick'] = args.quick
+  results['dtype'] = args.dtype
   with open(args.out, 'w') as f:
     json.dump(results, f, indent=2)
   if not only:

@@ -160,9 +160,19 @@ def measure(
   seconds = [math.inf] * (g_max + 1)
   for g in candidates:
     p = policy(g, iterations)
+    t0 = time.perf_counter()
     _, _, counters = run(p)
+    times = [time.perf_counter() - t0]
     ran = int(np.asarray(counters.iterations).max(initial=0))
-    total = _median_seconds(lambda p=p: run(p), repeats)
+    # A decode that ends early (large gamma, high acceptance) is timed more
+    # often, so that every gamma's median rests on about as many
+    # iterations.
+    count = min(math.ceil(repeats * iterations / max(ran, 1)), 4 * repeats)
+    for _ in range(count - 1):
+      t0 = time.perf_counter()
+      run(p)
+      times.append(time.perf_counter() - t0)
+    total = statistics.median(times)
     seconds[g] = max(total - setup, 1e-9) / max(ran, 1)
   return seconds
 
