@@ -10,9 +10,12 @@ straight into their shards.
   2 x 4 mesh) gives the same records and results as the one-device run.
 * The `multiprocess` tests run two processes of 4 host devices each, joined
   by a coordinator on 127.0.0.1 (gloo collectives): the same results as one
-  process, only process 0 writes; a process killed mid-run makes the other
-  stop with JAX's "another task died" message within the heartbeat timeout,
-  and rerunning both resumes.
+  process, only process 0 writes, and each process read only its share of
+  the examples (the rows its devices hold: 6 and 4 of 10); a process killed
+  mid-run makes the other stop with JAX's "another task died" message
+  within the heartbeat timeout, and rerunning both resumes; SIGTERM to the
+  coordinator (process 0) ends it at once with a message and the other
+  stops within the heartbeat timeout too.
 
 Every one of these starts JAX several times and takes one to three minutes on
 two cores, so all are marked `multiprocess`: `make test` leaves them out
@@ -247,6 +250,62 @@ def test_two_processes_give_the_single_process_results(
   for key in ('exact_match_fraction', 'alpha', 'quality', 'num_examples'):
     assert one[key] == two[key], key
   assert _tokens_figures(one) == _tokens_figures(two)
+  # Each read its share: batch rows 0-1 (process 0) and 2-3 (process 1) of
+  # 4, i.e. examples 0, 1, 4, 5, 8, 9 and 2, 3, 6, 7.
+  for p, (rows, count) in enumerate((([0, 1], 6), ([2, 3], 4))):
+    share = f'process {p} of 2 read {count} of 10 examples (batch rows {rows}'
+    assert share in logs[p], logs[p][-3000:]
+
+
+def _pause_file(tmp_path):
+  """After each batch both processes sleep len(records) seconds: time to
+  stop one while the run is under way."""
+  pause = tmp_path / 'pause.gin'
+  pause.write_text(
+    'from __gin__ import dynamic_registration\n'
+    'import time\n'
+    'from spec_decode.eval import run as spec_eval\n'
+    'spec_eval.evaluate.on_batch_done = @time.sleep\n'
+  )
+  return f'--gin_file={pause}'
+
+
+def _wait_for_a_batch(procs, examples):
+  deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+  while not (os.path.exists(examples) and os.path.getsize(examples)):
+    assert time.monotonic() < deadline and procs[0].poll() is None
+    time.sleep(0.2)
+
+
+@pytest.mark.multiprocess
+def test_sigterm_to_the_coordinator_ends_both_and_a_rerun_resumes(
+  pair, single_runs, tmp_path
+):
+  plain, _ = single_runs
+  outs = [str(tmp_path / 'p0'), str(tmp_path / 'p1')]
+  procs = _start_pair(pair, outs, _pause_file(tmp_path))
+  examples = os.path.join(outs[0], eval_lib.EXAMPLES_FILE)
+  _wait_for_a_batch(procs, examples)
+  procs[0].send_signal(signal.SIGTERM)
+  sent = time.monotonic()
+  try:
+    procs[0].wait(timeout=HEARTBEAT_SECONDS * 2)
+  except subprocess.TimeoutExpired:
+    pass  # Asserted below, after both are stopped.
+  exited = time.monotonic() - sent
+  codes, logs = _finish(procs, timeout=DEATH_DEADLINE_SECONDS)
+  assert time.monotonic() - sent < DEATH_DEADLINE_SECONDS
+  # The coordinator exits at once, saying so; the other fails (not hangs).
+  assert exited < HEARTBEAT_SECONDS * 2
+  assert codes[0] == 128 + signal.SIGTERM, logs[0][-3000:]
+  assert 'process 0 of 2 got SIGTERM and exits now' in logs[0]
+  assert codes[1] != 0, logs[1][-3000:]
+  with open(examples, encoding='utf-8') as f:
+    first = f.readlines()
+  assert 0 < len(first) < 10
+  codes, logs = _finish(_start_pair(pair, outs))
+  assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  assert _records(outs[0]) == _records(plain)
 
 
 @pytest.mark.multiprocess
@@ -255,21 +314,9 @@ def test_a_killed_process_stops_the_other_and_a_rerun_resumes(
 ):
   plain, _ = single_runs
   outs = [str(tmp_path / 'p0'), str(tmp_path / 'p1')]
-  pause = tmp_path / 'pause.gin'
-  # After each batch both processes sleep len(records) seconds: time to
-  # kill one while the run is under way.
-  pause.write_text(
-    'from __gin__ import dynamic_registration\n'
-    'import time\n'
-    'from spec_decode.eval import run as spec_eval\n'
-    'spec_eval.evaluate.on_batch_done = @time.sleep\n'
-  )
-  procs = _start_pair(pair, outs, f'--gin_file={pause}')
+  procs = _start_pair(pair, outs, _pause_file(tmp_path))
   examples = os.path.join(outs[0], eval_lib.EXAMPLES_FILE)
-  deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
-  while not (os.path.exists(examples) and os.path.getsize(examples)):
-    assert time.monotonic() < deadline and procs[0].poll() is None
-    time.sleep(0.2)
+  _wait_for_a_batch(procs, examples)
   procs[1].send_signal(signal.SIGKILL)
   killed = time.monotonic()
   codes, logs = _finish(procs, timeout=DEATH_DEADLINE_SECONDS)
