@@ -265,8 +265,8 @@ def test_bad_arguments_are_clear_errors(t5):
     sd.beam_search(t5, np.ones((3,), np.int32))
   with pytest.raises(ValueError, match='encoder_tokens ids'):
     sd.beam_search(t5, enc * 999)
-  with pytest.raises(NotImplementedError, match='issue 14'):
-    sd.beam_search(t5, enc, draft=sd.TableLM.random(t5.vocab_size))
+  with pytest.raises(ValueError, match='vocabulary size'):
+    sd.beam_search(t5, enc, draft=sd.TableLM.random(t5.vocab_size + 1))
 
 
 def test_cache_gather_reorders_rows():

@@ -22,9 +22,11 @@ from jax import lax
 
 from spec_decode.core import beam_rules
 from spec_decode.core import placement
+from spec_decode.core import spec_beam
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
+from spec_decode.core.spec_beam import reorder_rows
 
 _INTS = (int, np.integer)
 
@@ -78,26 +80,22 @@ class BeamSearchOutput:
       none finished, the live beams' log-probabilities (T5X's rule).
     lengths: `[B, K] int32` output tokens including EOS (0 for an empty
       finished slot: fewer than K sequences finished).
-    steps: `[B] int32` beam-search steps each row took (= target calls).
+    steps: `[B] int32` beam-search steps each row took.
+    calls: `[B] int32` target calls each row took (= steps in plain beam
+      search; speculative beam search commits 1 .. gamma + 1 steps per
+      call).
   """
 
   tokens: np.ndarray
   scores: np.ndarray
   lengths: np.ndarray
   steps: np.ndarray
+  calls: np.ndarray
 
-
-def reorder_rows(lm: Any, state: DecodeState, rows: jax.Array) -> DecodeState:
-  """Row i of the result is row `rows[i]` of `state` (`rows [N] int32`).
-
-  Uses the model's `reorder_beams` when it has one (`protocol.BeamReorder`:
-  e.g. a T5 `Model` moves only its self-attention cache), else gathers
-  every leaf of the state (the protocol gives each a leading batch axis).
-  """
-  reorder = getattr(lm, 'reorder_beams', None)
-  if reorder is not None:
-    return reorder(state, rows)
-  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
+  @property
+  def steps_per_call(self) -> float:
+    """Steps committed per target call over the batch (plain: 1)."""
+    return float(self.steps.sum()) / max(int(self.calls.sum()), 1)
 
 
 def beam_decode(
@@ -195,10 +193,16 @@ def beam_search(
     alpha: brevity-penalty exponent >= 0 (T5X's default 0.6; 0 ranks
       finished sequences by log-probability alone).
     max_decode_len: M >= 1, output tokens per sequence at most.
-    draft: must be None: speculative beam search needs the token trees of
-      issue 14 and is not built yet.
-    gamma: draft steps per target call, for speculative beam search (an
-      int >= 1; unused while `draft` is None).
+    draft: None for plain beam search; a language model with the
+      target's vocabulary for exact speculative beam search
+      (`core/spec_beam.py`): it runs its own beam search `gamma` steps
+      ahead, the target scores the union of its beams in one call, and
+      plain beam search's steps are replayed on the target's log-probs as
+      far as the draft's beams cover them. The result is plain beam
+      search's (up to floating-point near-ties). The target must score
+      token trees (`protocol.TreeLanguageModel`).
+    gamma: draft steps per target call (an int >= 1; unused without a
+      draft); a call scores `1 + num_beams * gamma` tokens per beam.
     eos_id: end-of-sequence id.
 
   Sharded models (`partitioner=`) decode sharded, as in `generate`: the
@@ -206,11 +210,10 @@ def beam_search(
 
   Returns:
     `BeamSearchOutput`: tokens `[B, K, M]`, scores `[B, K]`, lengths
-    `[B, K]` (best first) and the steps each row took.
+    `[B, K]` (best first), the steps and target calls each row took.
 
   Raises:
     ValueError: a bad argument (before anything compiles).
-    NotImplementedError: a `draft` was given.
   """
   num_beams = _check_int('num_beams', num_beams, 1)
   max_decode_len = _check_int('max_decode_len', max_decode_len, 1)
@@ -229,11 +232,7 @@ def beam_search(
       f'beam search needs a vocabulary of 2 ids or more, got {model.vocab_size}'
     )
   if draft is not None:
-    raise NotImplementedError(
-      'speculative beam search (draft=...) needs the token-tree machinery '
-      'of issue 14 and is not implemented yet; call beam_search with '
-      'draft=None for plain beam search'
-    )
+    _check_draft(model, draft)
   if placement.is_global(encoder_tokens):
     raise ValueError(
       'beam_search takes host arrays; a batch spanning hosts is not supported'
@@ -246,13 +245,44 @@ def beam_search(
     max_decode_len=max_decode_len,
     eos_id=int(eos_id),
   )
-  mesh = placement.placement_of(model)
+  lms = (model,) if draft is None else (model, draft)
+  mesh = placement.placement_of(*lms)
   if mesh is not None:
     model = mesh.place(model)
+    draft = None if draft is None else mesh.place(draft)
     keys = jax.random.split(jax.random.key(0), batch)
     enc, _ = placement.sharded_inputs(mesh, tokens, keys)
   else:
     enc = jnp.asarray(tokens)
-  out = placement.to_host(beam_decode_jit(model, enc, settings=settings))
-  tokens, scores, lengths, steps = (x[:batch] for x in out)
-  return BeamSearchOutput(tokens, scores, lengths, steps)
+  if draft is None:
+    out = beam_decode_jit(model, enc, settings=settings)
+    out = out + (out[3],)
+  else:
+    out = spec_beam.spec_beam_decode_jit(
+      model, draft, enc, settings=settings, gamma=int(gamma)
+    )
+  tokens, scores, lengths, steps, calls = (
+    x[:batch] for x in placement.to_host(out)
+  )
+  return BeamSearchOutput(tokens, scores, lengths, steps, calls)
+
+
+def _check_draft(model: Any, draft: Any) -> None:
+  """Speculative beam search's requirements, before anything compiles."""
+  for name in ('score_tree', 'commit_tree'):
+    if not callable(getattr(model, name, None)):
+      raise ValueError(
+        'speculative beam search needs a target that scores token trees '
+        f'(protocol.TreeLanguageModel); {type(model).__name__} has no {name}'
+      )
+  for name in ('init_state', 'score', 'rollback', 'vocab_size'):
+    if not hasattr(draft, name):
+      raise ValueError(
+        'beam_search(draft=...) takes a language model (a T5 Model, a '
+        f'TableLM, ...); {type(draft).__name__} has no {name}'
+      )
+  if draft.vocab_size != model.vocab_size:
+    raise ValueError(
+      f'draft vocabulary size {draft.vocab_size} != target vocabulary size '
+      f'{model.vocab_size}'
+    )

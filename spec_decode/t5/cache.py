@@ -142,7 +142,9 @@ def tree_layout(index: jax.Array, length: int, tree):
   Args:
     index: `[B] int32` committed slots per row.
     length: L, cache slots.
-    tree: the call's `TreeAttention` (static).
+    tree: the call's `TreeAttention` (static), or an object with its
+      fields whose `mask_array()` is `[B, T, offset + T]`, one mask per row
+      (speculative beam search, `core.spec_beam.RowTreeAttention`).
 
   Returns:
     `q_pos [B, T]`, `k_pos [B, L]` (a scratch slot's position is that of
@@ -158,8 +160,10 @@ def tree_layout(index: jax.Array, length: int, tree):
   rel_c = jnp.clip(rel, 0, width - 1)
   slot_pos = jnp.asarray(np.asarray(tree.positions, np.int32))[rel_c]
   k_pos = jnp.where(rel < 0, slots, index[:, None] + slot_pos)
-  mask = jnp.asarray(tree.mask_array())[:, rel_c]  # [T, B, L]
-  visible = (rel < 0)[:, None, :] | (
-    in_tree[:, None, :] & jnp.transpose(mask, (1, 0, 2))
-  )
+  mask = jnp.asarray(tree.mask_array())
+  if mask.ndim == 3:  # One mask per row `[B, T, width]` (beam forests).
+    mask = jnp.take_along_axis(mask, rel_c[:, None, :], axis=2)
+  else:
+    mask = jnp.transpose(mask[:, rel_c], (1, 0, 2))  # [B, T, L]
+  visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & mask)
   return q_pos, k_pos, visible[:, None]

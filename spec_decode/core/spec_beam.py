@@ -1,0 +1,303 @@
+"""Exact speculative beam search: one jitted `lax.while_loop`.
+
+Plain beam search (`beam_search.beam_decode`) calls the target once per
+step. Here each iteration of a row with live beams at step n:
+
+  1. the draft catches up on the inputs the row committed in the previous
+     iteration and runs its own beam search gamma steps ahead from the
+     row's K live beams (`beam_rules.step` on the draft's log-probs,
+     starting from the target's live log-probs);
+  2. the union of the draft's live beams at steps n + 1 .. n + gamma is a
+     forest over the K current beams: draft beam i of step n + d is node
+     `1 + (d - 1) * K + i`, a child of the draft beam of step n + d - 1 it
+     extends. Every model row (b, j) scores node 0 (its own newest token)
+     and all K * gamma nodes in ONE `score_tree` call, with a per-row
+     ancestor mask (`RowTreeAttention`); a node whose root is another beam
+     is scored too but never read;
+  3. plain beam search's step rule is replayed on the target's log-probs:
+     step n + 1 reads every live beam's root, and step n + d + 1 can be
+     replayed while every live beam (each one the target selected) is a
+     draft node at depth d. The first step that needs a beam the draft did
+     not propose ends the row's iteration, so 1 .. gamma + 1 steps are
+     committed per target call;
+  4. the target's rows are reordered to the new beams' roots and each new
+     beam's path (the nodes its replayed steps read) is committed
+     (`commit_tree`).
+
+Every replayed step is `beam_rules.step` on the target's own log-probs of
+the beams it expands, so the beams are plain beam search's: the draft
+decides only how many steps one target call covers. Only floating-point
+rounding differs (a tree call scores a node among T tokens, plain beam
+search one token), which can flip an exact near-tie.
+
+Shapes: `B` rows, `K` beams, `V` vocabulary, `M` = max_decode_len, `G` =
+gamma, `T = 1 + K * G` tokens per model row in a target call.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from spec_decode.core import beam_rules
+from spec_decode.core.protocol import DecodeState
+
+
+def reorder_rows(lm: Any, state: DecodeState, rows: jax.Array) -> DecodeState:
+  """Row i of the result is row `rows[i]` of `state` (`rows [N] int32`).
+
+  Uses the model's `reorder_beams` when it has one (`protocol.BeamReorder`:
+  e.g. a T5 `Model` moves only its self-attention cache), else gathers
+  every leaf of the state (the protocol gives each a leading batch axis).
+  """
+  reorder = getattr(lm, 'reorder_beams', None)
+  if reorder is not None:
+    return reorder(state, rows)
+  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowTreeAttention:
+  """A tree call whose ancestor mask differs per model row.
+
+  Duck-types `core.tree.TreeAttention` for `t5.cache.tree_layout`: the
+  positions are static (a node's depth), the mask is a traced array.
+
+  Attributes:
+    positions: `[T]` each node's depth (its position relative to the index).
+    mask: `[R, T, T] bool` per model row: node t attends to node u.
+  """
+
+  positions: tuple[int, ...]
+  mask: jax.Array
+  offset: int = 0
+
+  @property
+  def num_new(self) -> int:
+    return len(self.positions)
+
+  def new_positions(self) -> np.ndarray:
+    return np.asarray(self.positions, np.int32)
+
+  def mask_array(self) -> jax.Array:
+    return self.mask
+
+
+@flax.struct.dataclass(kw_only=True)
+class SpecBeamState:
+  """Carry of the speculative beam-search loop.
+
+  Attributes:
+    beams: `beam_rules.Beams` of every row.
+    done: `[B] bool` rows that have stopped.
+    target: the target's state, `B * K` rows (row b * K + j: live beam j),
+      index = the row's step.
+    draft: the draft's state, `B * K` rows, index = `start` (it holds the
+      beam's inputs before `start`).
+    start: `[B] int32` first input of each beam the draft has not fed yet.
+    calls: `[B] int32` target calls while the row was active.
+  """
+
+  beams: beam_rules.Beams
+  done: jax.Array
+  target: DecodeState
+  draft: DecodeState
+  start: jax.Array
+  calls: jax.Array
+
+
+def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
+  """`x[b, idx[b, j], ...]` for `x [B, N, ...]`, `idx [B, J]`."""
+  idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, idx, axis=1)
+
+
+def _pad_seqs(beams: beam_rules.Beams, extra: int) -> beam_rules.Beams:
+  """The beams with `extra` more zero positions (the draft looks ahead)."""
+  pad = ((0, 0), (0, 0), (0, extra))
+  return beams.replace(
+    live_seqs=jnp.pad(beams.live_seqs, pad),
+    finished_seqs=jnp.pad(beams.finished_seqs, pad),
+  )
+
+
+def _draft_expand(draft, state, start, beams, done, settings, gamma):
+  """The draft's own beam search, gamma steps from the target's beams.
+
+  Returns:
+    tokens and parents, lists of G `[B, K] int32`: draft beam i of depth
+    d + 1 is `parents[d][b, i]` of depth d (depth 0: the target's beams)
+    extended by `tokens[d][b, i]`; and the draft state rolled back to each
+    beam's step (for the next iteration).
+  """
+  batch, k = beams.live_logprobs.shape
+  width = gamma + 2
+  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
+  step = beams.step
+  dbeams = _pad_seqs(beams, width)
+  # Catch up: inputs start .. step (this iteration's roots) and padding.
+  chunk = jax.vmap(
+    lambda seqs, s: lax.dynamic_slice_in_dim(seqs, s, width, axis=1)
+  )(dbeams.live_seqs, start)
+  ds = draft.rollback(state, jnp.repeat(start, k))
+  logits, ds = draft.score(ds, chunk.reshape(batch * k, width))
+  logits = logits.reshape(batch, k, width, -1)
+  root = jnp.take_along_axis(
+    logits, (step - start)[:, None, None, None], axis=2
+  )[:, :, 0]
+  kept = draft.rollback(ds, jnp.repeat(step, k))
+  ds = draft.rollback(ds, jnp.repeat(step + 1, k))
+  log_probs = jax.nn.log_softmax(root, axis=-1)
+  tokens, parents = [], []
+  for d in range(gamma):
+    dbeams, par = beam_rules.step(
+      dbeams, log_probs, settings.alpha, settings.eos_id, ~done
+    )
+    tok = dbeams.last_tokens()
+    tokens.append(tok)
+    parents.append(par)
+    if d + 1 < gamma:
+      ds = reorder_rows(draft, ds, (group + par).reshape(-1))
+      logits, ds = draft.score(ds, tok.reshape(batch * k, 1))
+      log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
+      log_probs = log_probs.reshape(batch, k, -1)
+  return tokens, parents, kept
+
+
+def _forest_mask(parents: list[jax.Array], k: int) -> jax.Array:
+  """`[B, T, T] bool` ancestor-or-self mask of the draft's forest.
+
+  Node 0 stands for every model row's own root; node `1 + d * K + i` is
+  draft beam i of depth d + 1.
+  """
+  batch = parents[0].shape[0]
+  size = 1 + k * len(parents)
+  root = jax.nn.one_hot(0, size, dtype=bool)
+  rows = [jnp.broadcast_to(root, (batch, 1, size))]
+  prev = jnp.broadcast_to(root, (batch, k, size))
+  for d, par in enumerate(parents):
+    own = jax.nn.one_hot(1 + d * k + jnp.arange(k), size, dtype=bool)
+    prev = _take(prev, par) | own[None]
+    rows.append(prev)
+  return jnp.concatenate(rows, axis=1)
+
+
+def spec_beam_decode(
+  target, draft, encoder_tokens: jax.Array, settings: Any, gamma: int
+):
+  """Speculative beam search over `encoder_tokens [B, S]` (module doc).
+
+  Args:
+    target: a `protocol.TreeLanguageModel`.
+    draft: a `protocol.LanguageModel` with the target's vocabulary.
+    encoder_tokens: `[B, S] int32`.
+    settings: `beam_search.BeamSettings` (static).
+    gamma: G >= 1 draft steps per iteration (static).
+
+  Returns:
+    tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
+    steps `[B]` and target calls `[B]`.
+  """
+  batch = encoder_tokens.shape[0]
+  k, g = settings.num_beams, gamma
+  m = settings.max_decode_len
+  alpha, eos = settings.alpha, settings.eos_id
+  size = 1 + k * g
+  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
+  bidx = jnp.arange(batch)[:, None]
+  depths = (0,) + tuple(1 + d for d in range(g) for _ in range(k))
+
+  def repeat(state):
+    return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
+
+  def body(s: SpecBeamState) -> SpecBeamState:
+    b = s.beams
+    step = b.step
+    tokens, parents, draft_kept = _draft_expand(
+      draft, s.draft, s.start, b, s.done, settings, g
+    )
+    nodes = jnp.concatenate(
+      [
+        b.last_tokens()[:, :, None],
+        jnp.broadcast_to(
+          jnp.concatenate(tokens, axis=1)[:, None], (batch, k, k * g)
+        ),
+      ],
+      axis=2,
+    )
+    attention = RowTreeAttention(
+      positions=depths, mask=jnp.repeat(_forest_mask(parents, k), k, axis=0)
+    )
+    tgt = target.rollback(s.target, jnp.repeat(step, k))
+    logits, tgt = target.score_tree(
+      tgt, nodes.reshape(batch * k, size), attention
+    )
+    logits = logits.reshape(batch, k, size, -1)
+
+    # Replay plain beam search's steps while the tree holds every live beam.
+    origin = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
+    dbeam = origin  # Each beam's draft beam index at the current depth.
+    covered = jnp.ones((batch, k), bool)
+    path = jnp.zeros((batch, k, g + 1), jnp.int32)
+    count = jnp.zeros((batch,), jnp.int32)
+    replaying = ~s.done
+    done = s.done
+    for d in range(g + 1):
+      replaying &= jnp.all(covered, axis=1) & ~done
+      slot = jnp.zeros_like(dbeam) if d == 0 else 1 + (d - 1) * k + dbeam
+      log_probs = jax.nn.log_softmax(logits[bidx, origin, slot], axis=-1)
+      b, par = beam_rules.step(b, log_probs, alpha, eos, replaying)
+      new_path = _take(path, par).at[:, :, d].set(_take(slot, par))
+      new_cov = jnp.zeros((batch, k), bool)
+      new_dbeam = dbeam
+      if d < g:
+        # The new beam (parent p, token t) is draft beam i of depth d + 1
+        # when i extends p's draft beam by t.
+        match = (parents[d][:, None, :] == _take(dbeam, par)[:, :, None]) & (
+          tokens[d][:, None, :] == b.last_tokens()[:, :, None]
+        )
+        new_cov = jnp.any(match, axis=2)
+        new_dbeam = jnp.argmax(match, axis=2).astype(jnp.int32)
+      sel = replaying[:, None]
+      origin = jnp.where(sel, _take(origin, par), origin)
+      path = jnp.where(sel[:, :, None], new_path, path)
+      dbeam = jnp.where(sel, new_dbeam, dbeam)
+      covered = jnp.where(sel, new_cov, covered)
+      count += replaying.astype(jnp.int32)
+      done |= beam_rules.stopped(b, alpha) & replaying
+
+    rows = (group + origin).reshape(-1)
+    tgt = reorder_rows(target, tgt, rows)
+    tgt = target.commit_tree(
+      tgt, path.reshape(batch * k, g + 1), jnp.repeat(count, k)
+    )
+    return SpecBeamState(
+      beams=b,
+      done=done,
+      target=tgt,
+      draft=reorder_rows(draft, draft_kept, rows),
+      start=step,
+      calls=s.calls + (~s.done).astype(jnp.int32),
+    )
+
+  beams = beam_rules.Beams.init(batch, k, m)
+  s = SpecBeamState(
+    beams=beams,
+    done=beam_rules.stopped(beams, alpha),
+    target=repeat(target.init_state(encoder_tokens, m + size + 1)),
+    draft=repeat(draft.init_state(encoder_tokens, m + g + 3)),
+    start=jnp.zeros((batch,), jnp.int32),
+    calls=jnp.zeros((batch,), jnp.int32),
+  )
+  s = lax.while_loop(lambda s: jnp.any(~s.done), body, s)
+  tokens, scores, lengths = beam_rules.outputs(s.beams, eos)
+  return tokens, scores, lengths, s.beams.step, s.calls
+
+
+spec_beam_decode_jit = jax.jit(
+  spec_beam_decode, static_argnames=('settings', 'gamma')
+)
