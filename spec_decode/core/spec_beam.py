@@ -129,10 +129,10 @@ def _draft_expand(draft, state, start, beams, done, settings, gamma):
   """The draft's own beam search, gamma steps from the target's beams.
 
   Returns:
-    tokens and parents, lists of G `[B, K] int32`: draft beam i of depth
-    d + 1 is `parents[d][b, i]` of depth d (depth 0: the target's beams)
-    extended by `tokens[d][b, i]`; and the draft state rolled back to each
-    beam's step (for the next iteration).
+    tokens and parents, `[G, B, K] int32`: draft beam i of depth d + 1 is
+    `parents[d, b, i]` of depth d (depth 0: the target's beams) extended by
+    `tokens[d, b, i]`; and the draft state rolled back to each beam's step
+    (for the next iteration).
   """
   batch, k = beams.live_logprobs.shape
   width = gamma + 2
@@ -152,29 +152,37 @@ def _draft_expand(draft, state, start, beams, done, settings, gamma):
   kept = draft.rollback(ds, jnp.repeat(step, k))
   ds = draft.rollback(ds, jnp.repeat(step + 1, k))
   log_probs = jax.nn.log_softmax(root, axis=-1)
-  tokens, parents = [], []
-  for d in range(gamma):
-    dbeams, par = beam_rules.step(
-      dbeams, log_probs, settings.alpha, settings.eos_id, ~done
-    )
-    tok = dbeams.last_tokens()
-    tokens.append(tok)
-    parents.append(par)
-    if d + 1 < gamma:
-      ds = reorder_rows(draft, ds, (group + par).reshape(-1))
-      logits, ds = draft.score(ds, tok.reshape(batch * k, 1))
-      log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
-      log_probs = log_probs.reshape(batch, k, -1)
+  alpha, eos = settings.alpha, settings.eos_id
+
+  def expand(dbeams, log_probs):
+    dbeams, par = beam_rules.step(dbeams, log_probs, alpha, eos, ~done)
+    return dbeams, par, dbeams.last_tokens()
+
+  def one_step(carry, _):
+    # A rolled loop: its body compiles once whatever gamma is.
+    dbeams, ds, log_probs = carry
+    dbeams, par, tok = expand(dbeams, log_probs)
+    ds = reorder_rows(draft, ds, (group + par).reshape(-1))
+    logits, ds = draft.score(ds, tok.reshape(batch * k, 1))
+    log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
+    return (dbeams, ds, log_probs.reshape(batch, k, -1)), (tok, par)
+
+  (dbeams, _, log_probs), (tokens, parents) = lax.scan(
+    one_step, (dbeams, ds, log_probs), length=gamma - 1
+  )
+  _, par, tok = expand(dbeams, log_probs)
+  tokens = jnp.concatenate([tokens, tok[None]], axis=0)
+  parents = jnp.concatenate([parents, par[None]], axis=0)
   return tokens, parents, kept
 
 
-def _forest_mask(parents: list[jax.Array], k: int) -> jax.Array:
+def _forest_mask(parents: jax.Array, k: int) -> jax.Array:
   """`[B, T, T] bool` ancestor-or-self mask of the draft's forest.
 
   Node 0 stands for every model row's own root; node `1 + d * K + i` is
-  draft beam i of depth d + 1.
+  draft beam i of depth d + 1 (`parents [G, B, K]`, as `_draft_expand`).
   """
-  batch = parents[0].shape[0]
+  batch = parents.shape[1]
   size = 1 + k * len(parents)
   root = jax.nn.one_hot(0, size, dtype=bool)
   rows = [jnp.broadcast_to(root, (batch, 1, size))]
@@ -184,6 +192,91 @@ def _forest_mask(parents: list[jax.Array], k: int) -> jax.Array:
     prev = _take(prev, par) | own[None]
     rows.append(prev)
   return jnp.concatenate(rows, axis=1)
+
+
+@flax.struct.dataclass(kw_only=True)
+class _Replay:
+  """Carry of the replay loop (`[B, K]` per beam unless stated).
+
+  Attributes:
+    depth: `[]` tree depth of the step being replayed.
+    beams: the target's beams.
+    done: `[B]` rows that have stopped.
+    replaying: `[B]` rows whose next step is covered.
+    origin: the root (beam at the iteration's start) each beam descends from.
+    dbeam: each beam's draft beam index at `depth` (its origin at 0).
+    path: `[B, K, G + 1]` the nodes each beam's replayed steps read.
+    count: `[B]` steps replayed.
+  """
+
+  depth: jax.Array
+  beams: beam_rules.Beams
+  done: jax.Array
+  replaying: jax.Array
+  origin: jax.Array
+  dbeam: jax.Array
+  path: jax.Array
+  count: jax.Array
+
+
+def _replay(beams, done, logits, tokens, parents, settings):
+  """Plain beam search's steps on the target's tree log-probs.
+
+  Step `depth` reads each live beam's node at that depth of its origin's
+  tree (`logits [B, K, T, V]`: model row of the origin, node slot); a row
+  goes on while every beam it selects is a draft node one level deeper.
+
+  Returns:
+    beams, done, origin `[B, K]`, path `[B, K, G + 1]`, count `[B]`.
+  """
+  batch, k = beams.live_logprobs.shape
+  g = tokens.shape[0]
+  bidx = jnp.arange(batch)[:, None]
+  cols = jnp.arange(g + 1)
+
+  def body(r: _Replay) -> _Replay:
+    d = r.depth
+    slot = jnp.where(d == 0, 0, 1 + (d - 1) * k + r.dbeam)
+    log_probs = jax.nn.log_softmax(logits[bidx, r.origin, slot], axis=-1)
+    new, par = beam_rules.step(
+      r.beams, log_probs, settings.alpha, settings.eos_id, r.replaying
+    )
+    # The new beam (parent p, token t) is draft beam i of depth d + 1 when
+    # i extends p's draft beam by t.
+    level = jnp.minimum(d, g - 1)
+    match = (parents[level][:, None, :] == _take(r.dbeam, par)[:, :, None]) & (
+      tokens[level][:, None, :] == new.last_tokens()[:, :, None]
+    )
+    covered = jnp.any(match, axis=2) & (d < g)
+    sel = r.replaying[:, None]
+    path = jnp.where(
+      cols == d, _take(slot, par)[:, :, None], _take(r.path, par)
+    )
+    done = r.done | (beam_rules.stopped(new, settings.alpha) & r.replaying)
+    return _Replay(
+      depth=d + 1,
+      beams=new,
+      done=done,
+      replaying=r.replaying & jnp.all(covered, axis=1) & ~done,
+      origin=jnp.where(sel, _take(r.origin, par), r.origin),
+      dbeam=jnp.where(sel, jnp.argmax(match, axis=2), r.dbeam),
+      path=jnp.where(sel[:, :, None], path, r.path),
+      count=r.count + r.replaying.astype(jnp.int32),
+    )
+
+  arange = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
+  r = _Replay(
+    depth=jnp.zeros((), jnp.int32),
+    beams=beams,
+    done=done,
+    replaying=~done,
+    origin=arange,
+    dbeam=arange,
+    path=jnp.zeros((batch, k, g + 1), jnp.int32),
+    count=jnp.zeros((batch,), jnp.int32),
+  )
+  r = lax.while_loop(lambda r: jnp.any(r.replaying), body, r)
+  return r.beams, r.done, r.origin, r.path, r.count
 
 
 def spec_beam_decode(
@@ -205,10 +298,8 @@ def spec_beam_decode(
   batch = encoder_tokens.shape[0]
   k, g = settings.num_beams, gamma
   m = settings.max_decode_len
-  alpha, eos = settings.alpha, settings.eos_id
   size = 1 + k * g
   group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
-  bidx = jnp.arange(batch)[:, None]
   depths = (0,) + tuple(1 + d for d in range(g) for _ in range(k))
 
   def repeat(state):
@@ -224,7 +315,8 @@ def spec_beam_decode(
       [
         b.last_tokens()[:, :, None],
         jnp.broadcast_to(
-          jnp.concatenate(tokens, axis=1)[:, None], (batch, k, k * g)
+          jnp.moveaxis(tokens, 0, 1).reshape(batch, 1, k * g),
+          (batch, k, k * g),
         ),
       ],
       axis=2,
@@ -238,38 +330,9 @@ def spec_beam_decode(
     )
     logits = logits.reshape(batch, k, size, -1)
 
-    # Replay plain beam search's steps while the tree holds every live beam.
-    origin = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
-    dbeam = origin  # Each beam's draft beam index at the current depth.
-    covered = jnp.ones((batch, k), bool)
-    path = jnp.zeros((batch, k, g + 1), jnp.int32)
-    count = jnp.zeros((batch,), jnp.int32)
-    replaying = ~s.done
-    done = s.done
-    for d in range(g + 1):
-      replaying &= jnp.all(covered, axis=1) & ~done
-      slot = jnp.zeros_like(dbeam) if d == 0 else 1 + (d - 1) * k + dbeam
-      log_probs = jax.nn.log_softmax(logits[bidx, origin, slot], axis=-1)
-      b, par = beam_rules.step(b, log_probs, alpha, eos, replaying)
-      new_path = _take(path, par).at[:, :, d].set(_take(slot, par))
-      new_cov = jnp.zeros((batch, k), bool)
-      new_dbeam = dbeam
-      if d < g:
-        # The new beam (parent p, token t) is draft beam i of depth d + 1
-        # when i extends p's draft beam by t.
-        match = (parents[d][:, None, :] == _take(dbeam, par)[:, :, None]) & (
-          tokens[d][:, None, :] == b.last_tokens()[:, :, None]
-        )
-        new_cov = jnp.any(match, axis=2)
-        new_dbeam = jnp.argmax(match, axis=2).astype(jnp.int32)
-      sel = replaying[:, None]
-      origin = jnp.where(sel, _take(origin, par), origin)
-      path = jnp.where(sel[:, :, None], new_path, path)
-      dbeam = jnp.where(sel, new_dbeam, dbeam)
-      covered = jnp.where(sel, new_cov, covered)
-      count += replaying.astype(jnp.int32)
-      done |= beam_rules.stopped(b, alpha) & replaying
-
+    b, done, origin, path, count = _replay(
+      b, s.done, logits, tokens, parents, settings
+    )
     rows = (group + origin).reshape(-1)
     tgt = reorder_rows(target, tgt, rows)
     tgt = target.commit_tree(
@@ -287,14 +350,14 @@ def spec_beam_decode(
   beams = beam_rules.Beams.init(batch, k, m)
   s = SpecBeamState(
     beams=beams,
-    done=beam_rules.stopped(beams, alpha),
+    done=beam_rules.stopped(beams, settings.alpha),
     target=repeat(target.init_state(encoder_tokens, m + size + 1)),
     draft=repeat(draft.init_state(encoder_tokens, m + g + 3)),
     start=jnp.zeros((batch,), jnp.int32),
     calls=jnp.zeros((batch,), jnp.int32),
   )
   s = lax.while_loop(lambda s: jnp.any(~s.done), body, s)
-  tokens, scores, lengths = beam_rules.outputs(s.beams, eos)
+  tokens, scores, lengths = beam_rules.outputs(s.beams, settings.eos_id)
   return tokens, scores, lengths, s.beams.step, s.calls
 
 
