@@ -245,6 +245,18 @@ def test_costs_are_measured_once_and_cached_on_disk(
   )
 
 
+def test_measured_seconds_are_made_non_decreasing():
+  iso = auto_gamma.non_decreasing
+  assert iso([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+  # A noisy dip is pooled with its neighbour: (3 + 2) / 2 for both.
+  np.testing.assert_allclose(iso([1.0, 3.0, 2.0, 4.0]), [1.0, 2.5, 2.5, 4.0])
+  # A chain of violators pools into one block (the least-squares fit).
+  np.testing.assert_allclose(iso([4.0, 3.0, 2.0]), [3.0, 3.0, 3.0])
+  # A gamma that is not a candidate stays inf and is skipped.
+  out = iso([np.inf, 2.0, 1.0, 5.0])
+  assert out[0] == np.inf and out[1:] == [1.5, 1.5, 5.0]
+
+
 def test_stateful_drafter_never_gets_gamma_zero():
   class Stateful:
     def init_draft(self, encoder_tokens, length):

@@ -128,8 +128,9 @@ def measure(
 
   Each forced-gamma decode runs at most `iterations` iterations (fewer when
   its rows end sooner); its time less that of a decode of 0 iterations
-  (setup and outputs), over the iterations it ran. A gamma that is not a
-  candidate gets `inf`.
+  (setup and outputs), over the iterations it ran, timed in rounds (each
+  gamma once per round; medians over rounds) and made non-decreasing in
+  gamma (`non_decreasing`). A gamma that is not a candidate gets `inf`.
 
   Args:
     target: the target.
@@ -137,7 +138,7 @@ def measure(
     encoder_tokens: `[B, S]` inputs with the decode's shapes (placed as the
       decode places them).
     settings: the auto decode's settings (`gamma_policy` set, gamma = G).
-    repeats: timed repeats per gamma (medians).
+    repeats: timed rounds (medians).
     iterations: iterations per timing decode.
   """
   batch = encoder_tokens.shape[0]
@@ -156,25 +157,57 @@ def measure(
   run = lambda p: _run(target, draft, encoder_tokens, keys, settings, p)  # noqa: E731
   run(policy(1, 1))  # compile (the decode reuses the program)
   empty = policy(0, 0)
-  setup = _median_seconds(lambda: run(empty), repeats)
-  seconds = [math.inf] * (g_max + 1)
-  for g in candidates:
-    p = policy(g, iterations)
-    t0 = time.perf_counter()
-    _, _, counters = run(p)
-    times = [time.perf_counter() - t0]
-    ran = int(np.asarray(counters.iterations).max(initial=0))
-    # A decode that ends early (large gamma, high acceptance) is timed more
-    # often, so that every gamma's median rests on about as many
-    # iterations.
-    count = min(math.ceil(repeats * iterations / max(ran, 1)), 4 * repeats)
-    for _ in range(count - 1):
+  forced = {g: policy(g, iterations) for g in candidates}
+  # Iterations each forced decode runs (fewer than `iterations` when its
+  # rows end sooner); this first run also warms its caches.
+  ran = {
+    g: max(int(np.asarray(run(p)[2].iterations).max(initial=0)), 1)
+    for g, p in forced.items()
+  }
+  # Rounds: the setup and every gamma once per round, so that a change of
+  # load on a shared machine moves them alike; a short decode (high gamma,
+  # high acceptance) is run several times per round (up to 4), so that
+  # each gamma's time rests on about as many iterations.
+  setups, rounds = [], {g: [] for g in forced}
+  for _ in range(repeats):
+    setups.append(_median_seconds(lambda: run(empty), 1))
+    for g, p in forced.items():
+      k = min(math.ceil(iterations / ran[g]), 4)
       t0 = time.perf_counter()
-      run(p)
-      times.append(time.perf_counter() - t0)
-    total = statistics.median(times)
-    seconds[g] = max(total - setup, 1e-9) / max(ran, 1)
+      for _ in range(k):
+        run(p)
+      rounds[g].append((time.perf_counter() - t0) / k)
+  setup = statistics.median(setups)
+  raw = [math.inf] * (g_max + 1)
+  for g in forced:
+    raw[g] = max(statistics.median(rounds[g]) - setup, 1e-9) / ran[g]
+  seconds = non_decreasing(raw)
   return seconds
+
+
+def non_decreasing(seconds: list[float]) -> list[float]:
+  """The non-decreasing sequence closest to `seconds` in squared error.
+
+  An iteration at gamma g + 1 does all the work of one at g and more (a
+  draft step, a wider target call), so a measured decrease is noise (a
+  busy moment on a shared machine); pooling adjacent violators (isotonic
+  regression) removes it without favouring either side. `inf` entries
+  (gammas that are not candidates) are kept as they are and skipped.
+  """
+  blocks = []  # [mean, count, indices]
+  for i, x in enumerate(seconds):
+    if not math.isfinite(x):
+      continue
+    blocks.append([x, 1, [i]])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      m2, n2, i2 = blocks.pop()
+      m1, n1, i1 = blocks.pop()
+      blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2, i1 + i2])
+  out = list(seconds)
+  for mean, _, indices in blocks:
+    for i in indices:
+      out[i] = mean
+  return out
 
 
 def iteration_seconds(
