@@ -65,8 +65,10 @@ def _inputs() -> np.ndarray:
   jax.device_count() < _DEVICES,
   reason='runs in the 8-device subprocess of test_in_subprocess',
 )
-@pytest.mark.parametrize('temperature', [0.0, 1.0])
-def test_sharded_tree_matches_unsharded(temperature):
+def test_sharded_tree_matches_unsharded():
+  # t = 1: the sharded program must also draw what the unsharded one does
+  # (greedy is the same program without the draws).
+  temperature = 1.0
   target, draft = _models()
   kw = dict(
     tree=TREE,
@@ -106,4 +108,4 @@ def test_in_subprocess():
   )  # fmt: skip
   report = result.stdout[-3000:] + result.stderr[-3000:]
   assert result.returncode == 0, report
-  assert '2 passed' in result.stdout and 'failed' not in result.stdout, report
+  assert '1 passed' in result.stdout and 'failed' not in result.stdout, report
