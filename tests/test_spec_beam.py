@@ -93,11 +93,23 @@ def assert_same_beams(plain, spec, exact: bool) -> float:
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   np.testing.assert_array_equal(spec.lengths, plain.lengths)
   np.testing.assert_array_equal(spec.steps, plain.steps)
+  # Every target call committed 1 + a steps (histogram column a).
+  np.testing.assert_array_equal(spec.histogram.sum(1), spec.calls)
+  committed = spec.histogram @ np.arange(1, spec.histogram.shape[1] + 1)
+  np.testing.assert_array_equal(committed, spec.steps)
   if exact:
     np.testing.assert_array_equal(spec.scores, plain.scores)
   else:
     np.testing.assert_allclose(spec.scores, plain.scores, rtol=1e-5, atol=1e-5)
   return float(np.abs(spec.scores - plain.scores).max())
+
+
+def covered_depths(out) -> np.ndarray:
+  """`[B, G]` calls that covered draft depth d + 1."""
+  hist = out.histogram
+  return np.stack(
+    [hist[:, d + 1 :].sum(1) for d in range(hist.shape[1] - 1)], 1
+  )
 
 
 def full_calls(steps: np.ndarray, gamma: int) -> np.ndarray:
@@ -124,12 +136,14 @@ def test_equals_plain_beam_search_on_tables(num_beams, gamma):
     )
     assert_same_beams(plain, out, exact=True)
     assert (out.calls >= full_calls(out.steps, gamma)).all()
+    assert (covered_depths(out) <= out.depth_tries).all()
     return out
 
   # The target as its own draft: its beams are the target's, every call
   # commits gamma + 1 steps.
   same = spec(target)
   np.testing.assert_array_equal(same.calls, full_calls(same.steps, gamma))
+  np.testing.assert_array_equal(covered_depths(same), same.depth_tries)
   # A model draft near the target (its tables perturbed), and a bigram
   # draft that ignores the input and is unrelated to the target.
   noise = np.random.default_rng(7).normal(0, 0.7, target.tables.shape)

@@ -84,6 +84,13 @@ class BeamSearchOutput:
     calls: `[B] int32` target calls each row took (= steps in plain beam
       search; speculative beam search commits 1 .. gamma + 1 steps per
       call).
+    histogram: speculative beam search: `[B, gamma + 1] int32` target
+      calls that committed 1 + a steps, a = 0..gamma (a: the draft depths
+      covered); None for plain beam search.
+    depth_tries: speculative beam search: `[B, gamma] int32` target calls
+      that checked draft depth d + 1 (a call that stops its row checks no
+      further); `histogram[:, d + 1:].sum(1)` of them covered it. None for
+      plain beam search.
   """
 
   tokens: np.ndarray
@@ -91,6 +98,8 @@ class BeamSearchOutput:
   lengths: np.ndarray
   steps: np.ndarray
   calls: np.ndarray
+  histogram: np.ndarray | None = None
+  depth_tries: np.ndarray | None = None
 
   @property
   def steps_per_call(self) -> float:
@@ -256,15 +265,13 @@ def beam_search(
     enc = jnp.asarray(tokens)
   if draft is None:
     out = beam_decode_jit(model, enc, settings=settings)
-    out = out + (out[3],)
+    out = out + (out[3], None, None)
   else:
     out = spec_beam.spec_beam_decode_jit(
       model, draft, enc, settings=settings, gamma=int(gamma)
     )
-  tokens, scores, lengths, steps, calls = (
-    x[:batch] for x in placement.to_host(out)
-  )
-  return BeamSearchOutput(tokens, scores, lengths, steps, calls)
+  out = [None if x is None else x[:batch] for x in placement.to_host(out)]
+  return BeamSearchOutput(*out)
 
 
 def _check_draft(model: Any, draft: Any) -> None:

@@ -100,6 +100,12 @@ class SpecBeamState:
       beam's inputs before `start`).
     start: `[B] int32` first input of each beam the draft has not fed yet.
     calls: `[B] int32` target calls while the row was active.
+    histogram: `[B, G + 1] int32` calls that committed 1 + a steps, a = 0..G
+      (a: the draft depths the call covered, the analogue of accepted
+      draft tokens).
+    depth_tries: `[B, G] int32` calls that checked draft depth d + 1 (a
+      call that stops the row checks no further depth); the calls that
+      covered it are `histogram[:, d + 1:].sum(1)`.
   """
 
   beams: beam_rules.Beams
@@ -108,6 +114,8 @@ class SpecBeamState:
   draft: DecodeState
   start: jax.Array
   calls: jax.Array
+  histogram: jax.Array
+  depth_tries: jax.Array
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -207,6 +215,8 @@ class _Replay:
     dbeam: each beam's draft beam index at `depth` (its origin at 0).
     path: `[B, K, G + 1]` the nodes each beam's replayed steps read.
     count: `[B]` steps replayed.
+    tried: `[B, G]` draft depth d + 1 was checked: the row had not stopped
+      after replaying the step that needs it.
   """
 
   depth: jax.Array
@@ -217,6 +227,7 @@ class _Replay:
   dbeam: jax.Array
   path: jax.Array
   count: jax.Array
+  tried: jax.Array
 
 
 def _replay(beams, done, logits, tokens, parents, settings):
@@ -227,7 +238,8 @@ def _replay(beams, done, logits, tokens, parents, settings):
   goes on while every beam it selects is a draft node one level deeper.
 
   Returns:
-    beams, done, origin `[B, K]`, path `[B, K, G + 1]`, count `[B]`.
+    beams, done, origin `[B, K]`, path `[B, K, G + 1]`, count `[B]` and
+    tried `[B, G]` (depths checked; the first count - 1 were covered).
   """
   batch, k = beams.live_logprobs.shape
   g = tokens.shape[0]
@@ -253,6 +265,7 @@ def _replay(beams, done, logits, tokens, parents, settings):
       cols == d, _take(slot, par)[:, :, None], _take(r.path, par)
     )
     done = r.done | (beam_rules.stopped(new, settings.alpha) & r.replaying)
+    checked = r.replaying & ~done & (d < g)
     return _Replay(
       depth=d + 1,
       beams=new,
@@ -262,6 +275,7 @@ def _replay(beams, done, logits, tokens, parents, settings):
       dbeam=jnp.where(sel, jnp.argmax(match, axis=2), r.dbeam),
       path=jnp.where(sel[:, :, None], path, r.path),
       count=r.count + r.replaying.astype(jnp.int32),
+      tried=r.tried | (checked[:, None] & (cols[None, :g] == d)),
     )
 
   arange = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
@@ -274,9 +288,10 @@ def _replay(beams, done, logits, tokens, parents, settings):
     dbeam=arange,
     path=jnp.zeros((batch, k, g + 1), jnp.int32),
     count=jnp.zeros((batch,), jnp.int32),
+    tried=jnp.zeros((batch, g), bool),
   )
   r = lax.while_loop(lambda r: jnp.any(r.replaying), body, r)
-  return r.beams, r.done, r.origin, r.path, r.count
+  return r.beams, r.done, r.origin, r.path, r.count, r.tried
 
 
 def spec_beam_decode(
@@ -293,7 +308,8 @@ def spec_beam_decode(
 
   Returns:
     tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
-    steps `[B]` and target calls `[B]`.
+    steps `[B]`, target calls `[B]`, the histogram `[B, G + 1]` of steps
+    per call and the depth tries `[B, G]` (`SpecBeamState`).
   """
   batch = encoder_tokens.shape[0]
   k, g = settings.num_beams, gamma
@@ -330,9 +346,10 @@ def spec_beam_decode(
     )
     logits = logits.reshape(batch, k, size, -1)
 
-    b, done, origin, path, count = _replay(
+    b, done, origin, path, count, tried = _replay(
       b, s.done, logits, tokens, parents, settings
     )
+    active = (~s.done).astype(jnp.int32)
     rows = (group + origin).reshape(-1)
     tgt = reorder_rows(target, tgt, rows)
     tgt = target.commit_tree(
@@ -344,7 +361,10 @@ def spec_beam_decode(
       target=tgt,
       draft=reorder_rows(draft, draft_kept, rows),
       start=step,
-      calls=s.calls + (~s.done).astype(jnp.int32),
+      calls=s.calls + active,
+      histogram=s.histogram
+      + jax.nn.one_hot(count - 1, g + 1, dtype=jnp.int32) * active[:, None],
+      depth_tries=s.depth_tries + tried.astype(jnp.int32),
     )
 
   beams = beam_rules.Beams.init(batch, k, m)
@@ -355,10 +375,20 @@ def spec_beam_decode(
     draft=repeat(draft.init_state(encoder_tokens, m + g + 3)),
     start=jnp.zeros((batch,), jnp.int32),
     calls=jnp.zeros((batch,), jnp.int32),
+    histogram=jnp.zeros((batch, g + 1), jnp.int32),
+    depth_tries=jnp.zeros((batch, g), jnp.int32),
   )
   s = lax.while_loop(lambda s: jnp.any(~s.done), body, s)
   tokens, scores, lengths = beam_rules.outputs(s.beams, settings.eos_id)
-  return tokens, scores, lengths, s.beams.step, s.calls
+  return (
+    tokens,
+    scores,
+    lengths,
+    s.beams.step,
+    s.calls,
+    s.histogram,
+    s.depth_tries,
+  )
 
 
 spec_beam_decode_jit = jax.jit(

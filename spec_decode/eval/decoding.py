@@ -100,13 +100,69 @@ class BeamDecode:
     tokens: `[B, M]` the best beam's tokens (pad after EOS).
     lengths: `[B]` its output tokens, EOS included.
     beams: the whole `sd.BeamSearchOutput` (`[B, K, ...]`, best first).
-    stats: None (plain beam search has no acceptance statistics).
+    stats: `BeamSpecStats` of speculative beam search; None for plain.
   """
 
   tokens: np.ndarray
   lengths: np.ndarray
   beams: sd.BeamSearchOutput
   stats: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamSpecStats:
+  """Speculative beam search's counts in `row_spec_record`'s terms.
+
+  A target call that commits 1 + a steps covered draft depths 1..a: the
+  analogue of a accepted draft tokens. Depth d counts as tried in a call
+  that checked it (`BeamSearchOutput.depth_tries`: not after the step that
+  stopped the row) and accepted when covered (a >= d); a row's alpha is
+  accepted over tried depths, its "proposed" nodes are K * gamma per call.
+
+  Attributes: per row `[B, ...]`, as `sd.SpecStats` names them.
+  """
+
+  row_accepted_histogram: np.ndarray
+  row_iterations: np.ndarray
+  row_position_tries: np.ndarray
+  row_position_accepts: np.ndarray
+  row_beta_sum: np.ndarray
+  row_alpha: np.ndarray
+  row_proposed: np.ndarray
+
+  @classmethod
+  def of(cls, out: sd.BeamSearchOutput, num_beams: int) -> 'BeamSpecStats':
+    hist = np.asarray(out.histogram, np.int64)  # [B, G + 1]
+    gamma = hist.shape[1] - 1
+    tries = np.asarray(out.depth_tries, np.int64)
+    accepts = np.stack([hist[:, i + 1 :].sum(1) for i in range(gamma)], 1)
+    beta = accepts.sum(1).astype(np.float64)
+    return cls(
+      row_accepted_histogram=hist,
+      row_iterations=np.asarray(out.calls, np.int64),
+      row_position_tries=tries,
+      row_position_accepts=accepts,
+      row_beta_sum=beta,
+      row_alpha=beta / np.maximum(tries.sum(1), 1),
+      row_proposed=np.asarray(out.calls, np.int64) * num_beams * gamma,
+    )
+
+
+def same_output(plain: Any, spec: Any, r: int) -> bool:
+  """Whether row r of a speculative decode is exact: its tokens are the
+  plain decode's; for beam search, every beam's tokens and length are, and
+  every score is within float32 rounding (1e-5 relative) of plain's."""
+  st = spec.tokens[r, : spec.lengths[r]].tolist()
+  if st != plain.tokens[r, : plain.lengths[r]].tolist():
+    return False
+  if not isinstance(plain, BeamDecode):
+    return True
+  a, b = plain.beams, spec.beams
+  return bool(
+    np.array_equal(a.tokens[r], b.tokens[r])
+    and np.array_equal(a.lengths[r], b.lengths[r])
+    and np.allclose(a.scores[r], b.scores[r], rtol=1e-5, atol=1e-5)
+  )
 
 
 class Decoder:
@@ -122,14 +178,12 @@ class Decoder:
   def __init__(
     self, target: Any, draft: Any, settings: settings_lib.EvalSettings
   ):
-    if settings.beam and draft is not None:
-      # Checked here, before the first batch decodes: a beam run's
-      # speculative side would be speculative beam search.
-      raise NotImplementedError(
-        "decode_method='beam' compares plain beam search with speculative "
-        'beam search, which needs the token trees of issue 14 and is not '
-        'built yet; plain beam search alone: sd.beam_search, or '
-        'eval.decoding.Decoder(target, None, settings)'
+    if settings.beam and draft is not None and settings.gamma == 'auto':
+      # Checked before the first batch decodes: auto-γ's model is the
+      # chain loop's, not speculative beam search's.
+      raise ValueError(
+        "decode_method='beam' with a draft takes an int gamma (or a list), "
+        "not 'auto'"
       )
     self.target = target
     self.draft = draft
@@ -151,7 +205,7 @@ class Decoder:
     """
     s = self.settings
     if s.beam:
-      return self._beam(enc, timed)
+      return self._beam(enc, timed, gamma)
     kw = dict(s.sampling(), max_decode_len=s.max_decode_len, seed=seeds)
     if gamma is not None:
       kw.update(
@@ -168,22 +222,28 @@ class Decoder:
     out = sd.generate(self.target, enc, **kw)
     return out, time.perf_counter() - t0
 
-  def _beam(self, enc: np.ndarray, timed: bool) -> tuple[BeamDecode, float]:
-    """Plain beam search of a batch (compiled untimed first), timed."""
+  def _beam(
+    self, enc: np.ndarray, timed: bool, gamma: int | None
+  ) -> tuple[BeamDecode, float]:
+    """Plain (`gamma` None) or speculative beam search of a batch
+    (compiled untimed first), timed."""
     s = self.settings
     kw = dict(
       num_beams=s.num_beams,
       alpha=s.beam_alpha,
       max_decode_len=s.max_decode_len,
     )
-    key = (enc.shape, 'beam')
+    if gamma is not None:
+      kw.update(draft=self.draft, gamma=gamma)
+    key = (enc.shape, 'beam', gamma)
     if timed and key not in self._seen:
       sd.beam_search(self.target, enc, **kw)  # Warm-up: compile.
     self._seen.add(key)
     t0 = time.perf_counter()
     out = sd.beam_search(self.target, enc, **kw)
     seconds = time.perf_counter() - t0
-    return BeamDecode(out.tokens[:, 0], out.lengths[:, 0], out), seconds
+    stats = None if gamma is None else BeamSpecStats.of(out, s.num_beams)
+    return BeamDecode(out.tokens[:, 0], out.lengths[:, 0], out, stats), seconds
 
   def costs(self, ks: Sequence[int], gamma: int) -> dict[str, Any]:
     """`measure_costs` of the pair at the run's batch size and sampling."""

@@ -301,7 +301,7 @@ def _run_batches(
           rec['speculative'][str(g)] = dict(
             text=to_text(st),
             tokens=st,
-            exact=st == tokens,
+            exact=decoding.same_output(plain, out, r),
             seconds=secs / len(indices),
             **row,
           )
