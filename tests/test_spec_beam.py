@@ -158,6 +158,27 @@ def test_equals_plain_beam_search_on_tables(num_beams, gamma):
     assert bigram.steps_per_call < same.steps_per_call
 
 
+@pytest.mark.parametrize('num_beams', [1, 3])
+def test_wider_draft_beam_search(num_beams):
+  # W = 2K draft beams: more nodes per call, still exact, and at least as
+  # many steps per call as W = K here.
+  target = RowTableLM(tables=_tables(8, seed=5))
+  noise = np.random.default_rng(8).normal(0, 1.0, target.tables.shape)
+  draft = RowTableLM(tables=target.tables + noise.astype(np.float32))
+  plain = sd.beam_search(target, ENC, num_beams, 0.6, max_decode_len=12)
+  outs = [
+    sd.beam_search(
+      target, ENC, num_beams, 0.6, 12, draft=draft, gamma=3, draft_beams=w
+    )
+    for w in (num_beams, 2 * num_beams)
+  ]
+  for out in outs:
+    assert_same_beams(plain, out, exact=True)
+  assert outs[1].steps_per_call >= outs[0].steps_per_call
+  with pytest.raises(ValueError, match='draft_beams'):
+    sd.beam_search(target, ENC, 2, draft=draft, draft_beams=1)
+
+
 def test_placeholder_beams_with_a_vocabulary_below_2k():
   # V = 5 < 2K = 8: the K - 1 placeholder beams (log-prob -1e7) reach the
   # top 2K at the first step and must be covered like any other beam.

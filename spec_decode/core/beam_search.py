@@ -186,6 +186,7 @@ def beam_search(
   draft: Any = None,
   gamma: int = 4,
   eos_id: int = EOS_ID,
+  draft_beams: int | None = None,
 ) -> BeamSearchOutput:
   """Beam search with T5X's rules (`t5x.decoding.beam_search`).
 
@@ -211,8 +212,11 @@ def beam_search(
       search's (up to floating-point near-ties). The target must score
       token trees (`protocol.TreeLanguageModel`).
     gamma: draft steps per target call (an int >= 1; unused without a
-      draft); a call scores `1 + num_beams * gamma` tokens per beam.
+      draft).
     eos_id: end-of-sequence id.
+    draft_beams: W >= num_beams, beams of the draft's own beam search
+      (None: num_beams). More draft beams cover the target's beams more
+      often, but a call scores `1 + W * gamma` tokens per beam.
 
   Sharded models (`partitioner=`) decode sharded, as in `generate`: the
   rows go on the `data` axis (padded with copies of the last row).
@@ -227,6 +231,9 @@ def beam_search(
   num_beams = _check_int('num_beams', num_beams, 1)
   max_decode_len = _check_int('max_decode_len', max_decode_len, 1)
   _check_int('gamma', gamma, 1)
+  if draft_beams is None:
+    draft_beams = num_beams
+  draft_beams = _check_int('draft_beams', draft_beams, num_beams)
   if (
     isinstance(alpha, bool)
     or not isinstance(alpha, (int, float, np.integer, np.floating))
@@ -268,7 +275,12 @@ def beam_search(
     out = out + (out[3], None, None)
   else:
     out = spec_beam.spec_beam_decode_jit(
-      model, draft, enc, settings=settings, gamma=int(gamma)
+      model,
+      draft,
+      enc,
+      settings=settings,
+      gamma=int(gamma),
+      width=draft_beams,
     )
   out = [None if x is None else x[:batch] for x in placement.to_host(out)]
   return BeamSearchOutput(*out)

@@ -133,33 +133,62 @@ def _pad_seqs(beams: beam_rules.Beams, extra: int) -> beam_rules.Beams:
   )
 
 
-def _draft_expand(draft, state, start, beams, done, settings, gamma):
+def _widen(x: jax.Array, extra: int, fill=None) -> jax.Array:
+  """`x [B, K, ...]` with `extra` more entries on axis 1: copies of entry
+  0, or `fill`."""
+  more = jnp.repeat(x[:, :1], extra, axis=1)
+  if fill is not None:
+    more = jnp.full_like(more, fill)
+  return jnp.concatenate([x, more], axis=1)
+
+
+def _draft_expand(draft, state, start, beams, done, settings, gamma, width):
   """The draft's own beam search, gamma steps from the target's beams.
 
+  The draft keeps `width` W >= K beams: the target's K live beams and
+  W - K placeholders (log-prob -1e7) to start with, so that each depth
+  proposes W sequences (more chances to hold the target's K).
+
   Returns:
-    tokens and parents, `[G, B, K] int32`: draft beam i of depth d + 1 is
-    `parents[d, b, i]` of depth d (depth 0: the target's beams) extended by
-    `tokens[d, b, i]`; and the draft state rolled back to each beam's step
-    (for the next iteration).
+    tokens and parents, `[G, B, W] int32`: draft beam i of depth d + 1 is
+    `parents[d, b, i]` of depth d (depth 0: the target's beams, i < K)
+    extended by `tokens[d, b, i]`; and the draft state (K rows per batch
+    row) rolled back to each beam's step (for the next iteration).
   """
   batch, k = beams.live_logprobs.shape
-  width = gamma + 2
-  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
+  extra = width - k
+  chunk_len = gamma + 2
   step = beams.step
-  dbeams = _pad_seqs(beams, width)
+  padded = _pad_seqs(beams, chunk_len)
   # Catch up: inputs start .. step (this iteration's roots) and padding.
   chunk = jax.vmap(
-    lambda seqs, s: lax.dynamic_slice_in_dim(seqs, s, width, axis=1)
-  )(dbeams.live_seqs, start)
+    lambda seqs, s: lax.dynamic_slice_in_dim(seqs, s, chunk_len, axis=1)
+  )(padded.live_seqs, start)
   ds = draft.rollback(state, jnp.repeat(start, k))
-  logits, ds = draft.score(ds, chunk.reshape(batch * k, width))
-  logits = logits.reshape(batch, k, width, -1)
+  logits, ds = draft.score(ds, chunk.reshape(batch * k, chunk_len))
+  logits = logits.reshape(batch, k, chunk_len, -1)
   root = jnp.take_along_axis(
     logits, (step - start)[:, None, None, None], axis=2
   )[:, :, 0]
   kept = draft.rollback(ds, jnp.repeat(step, k))
   ds = draft.rollback(ds, jnp.repeat(step + 1, k))
-  log_probs = jax.nn.log_softmax(root, axis=-1)
+  log_probs = _widen(jax.nn.log_softmax(root, axis=-1), extra)
+  dbeams = beam_rules.Beams(
+    step=step,
+    live_seqs=_widen(padded.live_seqs, extra),
+    live_logprobs=_widen(beams.live_logprobs, extra, beam_rules.NEG_INF),
+    finished_seqs=_widen(padded.finished_seqs, extra, 0),
+    finished_scores=_widen(beams.finished_scores, extra, beam_rules.NEG_INF),
+    finished_flags=_widen(beams.finished_flags, extra, False),
+  )
+  if extra:
+    # Placeholders start from beam 0's cache (any beam's would do).
+    own = jnp.arange(width)
+    rows = jnp.where(own < k, own, 0)
+    rows = (jnp.arange(batch)[:, None] * k + rows[None]).reshape(-1)
+    # Every leaf (the row count changes; `reorder_beams` keeps some).
+    ds = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), ds)
+  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * width
   alpha, eos = settings.alpha, settings.eos_id
 
   def expand(dbeams, log_probs):
@@ -171,9 +200,9 @@ def _draft_expand(draft, state, start, beams, done, settings, gamma):
     dbeams, ds, log_probs = carry
     dbeams, par, tok = expand(dbeams, log_probs)
     ds = reorder_rows(draft, ds, (group + par).reshape(-1))
-    logits, ds = draft.score(ds, tok.reshape(batch * k, 1))
+    logits, ds = draft.score(ds, tok.reshape(batch * width, 1))
     log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    return (dbeams, ds, log_probs.reshape(batch, k, -1)), (tok, par)
+    return (dbeams, ds, log_probs.reshape(batch, width, -1)), (tok, par)
 
   (dbeams, _, log_probs), (tokens, parents) = lax.scan(
     one_step, (dbeams, ds, log_probs), length=gamma - 1
@@ -184,13 +213,13 @@ def _draft_expand(draft, state, start, beams, done, settings, gamma):
   return tokens, parents, kept
 
 
-def _forest_mask(parents: jax.Array, k: int) -> jax.Array:
+def _forest_mask(parents: jax.Array) -> jax.Array:
   """`[B, T, T] bool` ancestor-or-self mask of the draft's forest.
 
-  Node 0 stands for every model row's own root; node `1 + d * K + i` is
-  draft beam i of depth d + 1 (`parents [G, B, K]`, as `_draft_expand`).
+  Node 0 stands for every model row's own root; node `1 + d * W + i` is
+  draft beam i of depth d + 1 (`parents [G, B, W]`, as `_draft_expand`).
   """
-  batch = parents.shape[1]
+  _, batch, k = parents.shape
   size = 1 + k * len(parents)
   root = jax.nn.one_hot(0, size, dtype=bool)
   rows = [jnp.broadcast_to(root, (batch, 1, size))]
@@ -242,13 +271,13 @@ def _replay(beams, done, logits, tokens, parents, settings):
     tried `[B, G]` (depths checked; the first count - 1 were covered).
   """
   batch, k = beams.live_logprobs.shape
-  g = tokens.shape[0]
+  g, _, w = tokens.shape
   bidx = jnp.arange(batch)[:, None]
   cols = jnp.arange(g + 1)
 
   def body(r: _Replay) -> _Replay:
     d = r.depth
-    slot = jnp.where(d == 0, 0, 1 + (d - 1) * k + r.dbeam)
+    slot = jnp.where(d == 0, 0, 1 + (d - 1) * w + r.dbeam)
     log_probs = jax.nn.log_softmax(logits[bidx, r.origin, slot], axis=-1)
     new, par = beam_rules.step(
       r.beams, log_probs, settings.alpha, settings.eos_id, r.replaying
@@ -295,7 +324,12 @@ def _replay(beams, done, logits, tokens, parents, settings):
 
 
 def spec_beam_decode(
-  target, draft, encoder_tokens: jax.Array, settings: Any, gamma: int
+  target,
+  draft,
+  encoder_tokens: jax.Array,
+  settings: Any,
+  gamma: int,
+  width: int,
 ):
   """Speculative beam search over `encoder_tokens [B, S]` (module doc).
 
@@ -305,6 +339,7 @@ def spec_beam_decode(
     encoder_tokens: `[B, S] int32`.
     settings: `beam_search.BeamSettings` (static).
     gamma: G >= 1 draft steps per iteration (static).
+    width: W >= K beams of the draft's beam search (static).
 
   Returns:
     tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
@@ -314,9 +349,10 @@ def spec_beam_decode(
   batch = encoder_tokens.shape[0]
   k, g = settings.num_beams, gamma
   m = settings.max_decode_len
-  size = 1 + k * g
+  w = width
+  size = 1 + w * g
   group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
-  depths = (0,) + tuple(1 + d for d in range(g) for _ in range(k))
+  depths = (0,) + tuple(1 + d for d in range(g) for _ in range(w))
 
   def repeat(state):
     return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
@@ -325,20 +361,20 @@ def spec_beam_decode(
     b = s.beams
     step = b.step
     tokens, parents, draft_kept = _draft_expand(
-      draft, s.draft, s.start, b, s.done, settings, g
+      draft, s.draft, s.start, b, s.done, settings, g, w
     )
     nodes = jnp.concatenate(
       [
         b.last_tokens()[:, :, None],
         jnp.broadcast_to(
-          jnp.moveaxis(tokens, 0, 1).reshape(batch, 1, k * g),
-          (batch, k, k * g),
+          jnp.moveaxis(tokens, 0, 1).reshape(batch, 1, w * g),
+          (batch, k, w * g),
         ),
       ],
       axis=2,
     )
     attention = RowTreeAttention(
-      positions=depths, mask=jnp.repeat(_forest_mask(parents, k), k, axis=0)
+      positions=depths, mask=jnp.repeat(_forest_mask(parents), k, axis=0)
     )
     tgt = target.rollback(s.target, jnp.repeat(step, k))
     logits, tgt = target.score_tree(
@@ -392,5 +428,5 @@ def spec_beam_decode(
 
 
 spec_beam_decode_jit = jax.jit(
-  spec_beam_decode, static_argnames=('settings', 'gamma')
+  spec_beam_decode, static_argnames=('settings', 'gamma', 'width')
 )
