@@ -4,14 +4,14 @@ Plain beam search (`beam_search.beam_decode`) calls the target once per
 step. Here each iteration of a row with live beams at step n:
 
   1. the draft catches up on the inputs the row committed in the previous
-     iteration and runs its own beam search gamma steps ahead from the
-     row's K live beams (`beam_rules.step` on the draft's log-probs,
-     starting from the target's live log-probs);
+     iteration and runs its own beam search (W >= K beams) gamma steps
+     ahead from the row's K live beams (`beam_rules.step` on the draft's
+     log-probs, starting from the target's live log-probs);
   2. the union of the draft's live beams at steps n + 1 .. n + gamma is a
      forest over the K current beams: draft beam i of step n + d is node
-     `1 + (d - 1) * K + i`, a child of the draft beam of step n + d - 1 it
+     `1 + (d - 1) * W + i`, a child of the draft beam of step n + d - 1 it
      extends. Every model row (b, j) scores node 0 (its own newest token)
-     and all K * gamma nodes in ONE `score_tree` call, with a per-row
+     and all W * gamma nodes in ONE `score_tree` call, with a per-row
      ancestor mask (`RowTreeAttention`); a node whose root is another beam
      is scored too but never read;
   3. plain beam search's step rule is replayed on the target's log-probs:
@@ -30,8 +30,9 @@ decides only how many steps one target call covers. Only floating-point
 rounding differs (a tree call scores a node among T tokens, plain beam
 search one token), which can flip an exact near-tie.
 
-Shapes: `B` rows, `K` beams, `V` vocabulary, `M` = max_decode_len, `G` =
-gamma, `T = 1 + K * G` tokens per model row in a target call.
+Shapes: `B` rows, `K` beams, `W` draft beams, `V` vocabulary, `M` =
+max_decode_len, `G` = gamma, `T = 1 + W * G` tokens per model row in a
+target call.
 """
 
 import dataclasses
