@@ -1,5 +1,7 @@
 """Beam search in eval runs: `decode_method` settings and the Decoder."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import encoder_batch
@@ -18,8 +20,13 @@ def _settings(**kw):
 
 
 def test_decode_method_follows_temperature_by_default():
-  assert _settings().decode_method == 'greedy'
-  assert _settings(temperature=1.0).decode_method == 'sample'
+  assert _settings().method == 'greedy'
+  assert _settings(temperature=1.0).method == 'sample'
+  # The field keeps what was given, so changing the temperature of a run
+  # that named no method keeps it valid (and resolves anew).
+  sampled = dataclasses.replace(_settings(), temperature=1.0)
+  assert sampled.decode_method is None and sampled.method == 'sample'
+  assert sampled.reported()['decode_method'] == 'sample'
   beam = _settings(decode_method='beam', num_beams=2, beam_alpha=1)
   assert beam.beam and (beam.num_beams, beam.beam_alpha) == (2, 1.0)
   assert beam.reported()['decode_method'] == 'beam'

@@ -80,7 +80,7 @@ from spec_decode.parallel import multihost
 DEFAULT_CONFIG = 'demo_debian_ende.gin'
 DEFAULT_OUTPUT_ROOT = 'eval_results'
 # The default run's checkpoints (see configs/demo_debian_ende.gin).
-DEMO_CHECKPOINTS = ('checkpoints/demo/target', 'checkpoints/demo/draft')
+DEMO_CHECKPOINTS = ('checkpoints/demo/target', 'checkpoints/demo/draft_seqkd')
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -365,7 +365,10 @@ class EvalSettings:
       'calibration_gamma': _int('calibration_gamma', self.calibration_gamma, 1),
       'max_auto_gamma': _int('max_auto_gamma', self.max_auto_gamma, 1),
     }
-    values['decode_method'] = _decode_method(
+    # Checked here, resolved by `method`: the field keeps what was given
+    # (None: from the temperature), so `dataclasses.replace(s,
+    # temperature=...)` of a run that named no method stays valid.
+    _decode_method(
       self.decode_method,
       values['temperature'],
       values['top_k'],
@@ -382,9 +385,16 @@ class EvalSettings:
       object.__setattr__(self, name, value)
 
   @property
+  def method(self) -> str:
+    """The decode method: `decode_method`, or from the temperature."""
+    return _decode_method(
+      self.decode_method, self.temperature, self.top_k, self.top_p
+    )
+
+  @property
   def beam(self) -> bool:
     """Whether the run decodes with beam search."""
-    return self.decode_method == 'beam'
+    return self.method == 'beam'
 
   @property
   def exact_algorithm(self) -> bool:
@@ -411,7 +421,7 @@ class EvalSettings:
       'seed': self.seed,
       'lenience': self.lenience,
       'dynamic_gamma': self.dynamic_gamma,
-      'decode_method': self.decode_method,
+      'decode_method': self.method,
       **(
         {'num_beams': self.num_beams, 'beam_alpha': self.beam_alpha}
         if self.beam
