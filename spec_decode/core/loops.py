@@ -17,6 +17,7 @@ target draws exactly the tokens plain sampling draws.
 
 import dataclasses
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -29,7 +30,6 @@ from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.core import verify_block
 from spec_decode.core.decode_settings import DecodeSettings
-from spec_decode.core.ids import PAD_ID
 from spec_decode.core.protocol import LanguageModel
 
 
@@ -111,16 +111,18 @@ def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.take_along_axis(inputs, positions, axis=1)
 
 
-def _commit(
-  state: LoopState,
+def commit_block(
+  state: Any,
   block: jax.Array,
   num_new: jax.Array,
   settings: DecodeSettings,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Appends up to `num_new [B]` tokens of `block [B, W]` per active row.
 
-  Tokens after an EOS and past M are dropped. Returns the new inputs,
-  lengths, done flags and the number of tokens actually kept `[B]`.
+  `state` is any loop state with `inputs [B, M+1]`, `length [B]` and
+  `done [B]` (the chain and the tree loops share this). Tokens after an EOS
+  and past M are dropped. Returns the new inputs, lengths, done flags and
+  the number of tokens actually kept `[B]`.
   """
   width = block.shape[1]
   offsets = jnp.arange(width)[None, :]
@@ -131,7 +133,6 @@ def _commit(
   room = settings.max_decode_len - state.length
   kept = jnp.minimum(jnp.minimum(num_new, first_eos), room)
   kept = jnp.where(state.done, 0, kept)
-  block = jnp.where(offsets < kept[:, None], block, PAD_ID)
   start = state.length + 1
   old = jax.vmap(lambda buf, s: lax.dynamic_slice_in_dim(buf, s, width))(
     state.inputs, start
@@ -192,7 +193,7 @@ def plain_decode(
       row_keys, (n + 1)[:, None], verify_block.SAMPLE
     )[:, 0]
     token, _ = sampling.draw_tokens(sampler, keys, logits[:, 0])
-    inputs, length, done, _ = _commit(
+    inputs, length, done, _ = commit_block(
       state, token[:, None], jnp.ones_like(n), settings
     )
     return state.replace(
@@ -289,7 +290,7 @@ def speculative_decode(
       jnp.concatenate([draft_tokens, jnp.zeros_like(newest)], axis=1),
       result.next_token[:, None],
     )
-    inputs, length, done, kept = _commit(state, block, a + 1, settings)
+    inputs, length, done, kept = commit_block(state, block, a + 1, settings)
     num = proposal.num
     if num is None:
       num = jnp.full((batch,), g, jnp.int32)
@@ -342,7 +343,7 @@ def speculative_decode(
       row_keys, (n + 1)[:, None], verify_block.SAMPLE
     )[:, 0]
     token, _ = sampling.draw_tokens(settings.sampler, keys, logits[:, 0])
-    inputs, length, done, _ = _commit(
+    inputs, length, done, _ = commit_block(
       state, token[:, None], jnp.ones_like(n), settings
     )
     c = state.counters

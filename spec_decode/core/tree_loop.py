@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from spec_decode.core import drafter
+from spec_decode.core import loops
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.core import tree_verify
@@ -99,37 +100,6 @@ class TreeLoopState:
   draft: object
   counters: TreeCounters
   features: jax.Array | None = None
-
-
-def _append(state: TreeLoopState, block, num_new, settings: DecodeSettings):
-  """Appends up to `num_new [B]` tokens of `block [B, W]` per active row.
-
-  Tokens after an EOS and past M are dropped. Returns the new inputs,
-  lengths, done flags and the tokens kept `[B]`.
-  """
-  width = block.shape[1]
-  offsets = jnp.arange(width)[None, :]
-  is_eos = (block == settings.eos_id) & (offsets < num_new[:, None])
-  first_eos = jnp.where(
-    jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, width
-  )
-  room = settings.max_decode_len - state.length
-  kept = jnp.minimum(jnp.minimum(num_new, first_eos), room)
-  kept = jnp.where(state.done, 0, kept)
-  start = state.length + 1
-  old = jax.vmap(lambda buf, s: lax.dynamic_slice_in_dim(buf, s, width))(
-    state.inputs, start
-  )
-  block = jnp.where(offsets < kept[:, None], block, old)
-  inputs = jax.vmap(
-    lambda buf, blk, s: lax.dynamic_update_slice_in_dim(buf, blk, s, axis=0)
-  )(state.inputs, block, start)
-  length = state.length + kept
-  hit_eos = jnp.any(
-    (block == settings.eos_id) & (offsets < kept[:, None]), axis=1
-  )
-  done = state.done | hit_eos | (length >= settings.max_decode_len)
-  return inputs, length, done, kept
 
 
 def _count(c: TreeCounters, shape, result, valid, active, kept):
@@ -231,7 +201,9 @@ def tree_decode(
       jnp.concatenate([path_tokens, jnp.zeros_like(root)], axis=1),
       result.next_token[:, None],
     )
-    inputs, length, done, kept = _append(state, block, a + 1, settings)
+    inputs, length, done, kept = loops.commit_block(
+      state, block, a + 1, settings
+    )
     features = state.features
     if with_features:
       # The hidden state at the last accepted node predicted the token
