@@ -47,6 +47,7 @@ bench: install
 	$(PY) -m spec_decode.main bench draft_dtype --out bench_draft_dtype.json
 	$(PY) -m spec_decode.main bench trees --out bench_trees.json
 	$(PY) -m spec_decode.main bench memory --out bench_memory.json
+	$(PY) -m spec_decode.main bench beam --out bench_beam.json
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests

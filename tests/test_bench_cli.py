@@ -20,6 +20,7 @@ SUB_BENCHMARKS = (
   'hierarchical',
   'memory',
   'trees',
+  'beam',
 )
 
 

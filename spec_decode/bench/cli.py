@@ -10,10 +10,10 @@ efficiency, v(k), speculative vs plain under controlled acceptance, batch
 sizes, the Hugging Face peer, compile counts; `--kernel` and `--profile`
 add the kernel on/off and profile sections), printed as Markdown tables
 (`bench.report`) and written as JSON to `--out`. `make bench` runs it with
-`load` and `draft_dtype`. `spec-decode bench BENCHMARK --help` gives a
-sub-benchmark's flags. On a GPU or TPU: `SPEC_DECODE_KERNEL=0 spec-decode
-bench --quick --dtype bfloat16` (bf16 weights and activations, float32
-logits, as T5X runs them there).
+`load`, `draft_dtype`, `trees`, `memory` and `beam`. `spec-decode bench
+BENCHMARK --help` gives a sub-benchmark's flags. On a GPU or TPU:
+`SPEC_DECODE_KERNEL=0 spec-decode bench --quick --dtype bfloat16` (bf16
+weights and activations, float32 logits, as T5X runs them there).
 """
 
 import argparse
@@ -55,6 +55,10 @@ BENCHMARKS = {
   'trees': (
     'spec_decode.bench.trees',
     'token trees vs chains: tokens per target call and wall time',
+  ),
+  'beam': (
+    'spec_decode.bench.beam',
+    'plain vs speculative beam search: wall time and steps per target call',
   ),
 }
 
