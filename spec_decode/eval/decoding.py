@@ -119,7 +119,9 @@ class BeamSpecStats:
   stopped the row) and accepted when covered (a >= d); a row's alpha is
   accepted over tried depths, its "proposed" nodes are K * gamma per call.
 
-  Attributes: per row `[B, ...]`, as `sd.SpecStats` names them.
+  Attributes: per row `[B, ...]`, as `sd.SpecStats` names them, and
+  `row_steps`, the beam-search steps each row took (`row_iterations` are
+  its target calls).
   """
 
   row_accepted_histogram: np.ndarray
@@ -129,6 +131,7 @@ class BeamSpecStats:
   row_beta_sum: np.ndarray
   row_alpha: np.ndarray
   row_proposed: np.ndarray
+  row_steps: np.ndarray
 
   @classmethod
   def of(cls, out: sd.BeamSearchOutput, num_beams: int) -> 'BeamSpecStats':
@@ -145,7 +148,16 @@ class BeamSpecStats:
       row_beta_sum=beta,
       row_alpha=beta / np.maximum(tries.sum(1), 1),
       row_proposed=np.asarray(out.calls, np.int64) * num_beams * gamma,
+      row_steps=np.asarray(out.steps, np.int64),
     )
+
+
+def plain_row_record(plain: Any, r: int) -> dict[str, Any]:
+  """What a record keeps of row r of a plain decode besides its tokens:
+  for beam search, `plain_steps` (its target calls); else nothing."""
+  if isinstance(plain, BeamDecode):
+    return {'plain_steps': int(plain.beams.steps[r])}
+  return {}
 
 
 def same_output(plain: Any, spec: Any, r: int) -> bool:
@@ -288,7 +300,10 @@ def row_spec_record(
   beta_sums = getattr(stats, 'row_beta_sum', None)
   alpha = float(stats.row_alpha[r])
   beta_sum = float(beta_sums[r]) if beta_sums is not None else alpha * tested
+  # Beam search: its steps (`iterations` are its target calls).
+  steps = getattr(stats, 'row_steps', None)
   return {
+    **({} if steps is None else {'steps': int(steps[r])}),
     'iterations': iterations,
     'accepted_histogram': hist.tolist(),
     'position_tries': tries.tolist(),

@@ -4,6 +4,15 @@
 costs (c, v) into results.json; `summary_markdown` writes the Markdown
 report, a Table 4 style row per γ; `write_plots` draws the accepted-length
 histogram and, for a γ sweep, speedup against γ.
+
+Beam-search runs (`decode_method='beam'`) report in beam search's terms:
+plain beam search's target calls are its steps (records' `plain_steps`),
+speculative beam search's are its calls (`iterations`), steps per call
+(`steps`/`iterations`) stands where tokens per call stands for a chain,
+alpha is the fraction of draft depths that covered every new live beam,
+and exact means equal beams, lengths and scores. The chain model's
+predictions (Theorem 3.8, E[tokens] / (γc + v)) stay in results.json but
+are not shown for them: c and v are a chain's costs.
 """
 
 import math
@@ -76,7 +85,12 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
   }
   exact = sum(bool(s['exact']) for s in specs)
   tokens_per_call = tokens / max(iterations, 1)
+  beam = {}
+  if all('steps' in s for s in specs):  # Beam search: steps per call.
+    steps = sum(s['steps'] for s in specs)
+    beam = {'steps': steps, 'steps_per_call': steps / max(iterations, 1)}
   return {
+    **beam,
     'gamma': gamma,
     'exact_match_fraction': exact / len(specs),
     'exact_match_count': exact,
@@ -125,12 +139,18 @@ def results(
   )
   plain_tokens = sum(len(rec['plain_tokens']) for rec in records)
   plain_seconds = sum(rec['plain_seconds'] for rec in records)
+  # A decode's target calls: a batch's longest row (one call per token);
+  # beam search: its most steps (one call per step).
+  beam = all('plain_steps' in rec for rec in records)
   plain = {
     'quality': plain_quality,
     'seconds': plain_seconds,
     'output_tokens': plain_tokens,
     'target_calls': sum(
-      max(len(rec['plain_tokens']) for rec in group)
+      max(
+        rec['plain_steps'] if beam else len(rec['plain_tokens'])
+        for rec in group
+      )
       for group in _batch_groups(records, batch_size)
     ),
   }
@@ -145,6 +165,11 @@ def results(
     gammas=list(gammas),
     plain_target_calls=plain['target_calls'],
     plain_output_tokens=plain_tokens,
+    **(
+      {'plain_steps': sum(rec['plain_steps'] for rec in records)}
+      if beam
+      else {}
+    ),
     v_of_k={str(k): v for k, v in costs['v_of_k'].items()},
     target_step_seconds=costs['target_step_seconds'],
     draft_step_seconds=costs['draft_step_seconds'],
@@ -197,6 +222,8 @@ def _mesh_line(r: dict[str, Any]) -> str:
 
 def summary_markdown(r: dict[str, Any]) -> str:
   """The run's report: a Table 4 style row, quality, acceptance, timings."""
+  if r.get('decode_method') == 'beam':
+    return _beam_summary(r)
   label = (
     'exact (Algorithm 1)'
     if r['exact_algorithm']
@@ -238,21 +265,7 @@ def summary_markdown(r: dict[str, Any]) -> str:
       f'{_f(s["speedup_predicted"])}x | {_f(s["speedup_measured"])}x | '
       f'{_f(s["exact_match_fraction"] * 100, 1)}% |'
     )
-  lines += [
-    '',
-    '| metric | plain | '
-    + ' | '.join(f'speculative γ={s["gamma"]}' for s in rows)
-    + ' |',
-    '|---|---|' + '---|' * len(rows),
-  ]
-  for name in r['quality']:
-    lines.append(
-      f'| {name} | {_f(r["quality"][name]["plain"])} | '
-      + ' | '.join(_f(s['quality'][name]['speculative']) for s in rows)
-      + ' |'
-    )
-  for note in r.get('quality_notes') or []:
-    lines.append(f'\nNot reported: {note}.')
+  lines += _quality_lines(r, rows, 'plain')
   lines += [
     '',
     '| γ | tokens/target call | E[tokens] (iid α) | target calls '
@@ -287,12 +300,102 @@ def summary_markdown(r: dict[str, Any]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _quality_lines(
+  r: dict[str, Any], rows: list[dict[str, Any]], plain: str
+) -> list[str]:
+  """The quality table: plain against each γ's speculative decode."""
+  lines = [
+    '',
+    f'| metric | {plain} | '
+    + ' | '.join(f'speculative γ={s["gamma"]}' for s in rows)
+    + ' |',
+    '|---|---|' + '---|' * len(rows),
+  ]
+  for name in r['quality']:
+    lines.append(
+      f'| {name} | {_f(r["quality"][name]["plain"])} | '
+      + ' | '.join(_f(s['quality'][name]['speculative']) for s in rows)
+      + ' |'
+    )
+  for note in r.get('quality_notes') or []:
+    lines.append(f'\nNot reported: {note}.')
+  return lines
+
+
+def _opt(x: Any, digits: int = 2) -> str:
+  return '-' if x is None else _f(x, digits)
+
+
+def _beam_summary(r: dict[str, Any]) -> str:
+  """The report of a beam-search run, in beam search's terms (module doc)."""
+  lines = [
+    f'# Eval: {r["task"]}/{r["split"]}, {r["num_examples"]} examples',
+    '',
+    f'target {r["target"]}; draft {r["draft"]}; batch {r["batch_size"]}; '
+    f'beam search: {r["num_beams"]} beams, brevity penalty alpha '
+    f'{r["beam_alpha"]:g}; max_decode_len {r["max_decode_len"]}; '
+    'speculative beam search (exact: the same beams and scores as plain '
+    'beam search).',
+    '',
+  ]
+  if r.get('mesh'):
+    lines += [_mesh_line(r), '']
+  rows = r['sweep'] or [r]
+  plain_calls = r['plain_target_calls']
+  lines += [
+    '| task | draft | beams | γ | steps/call | α (depths covered) '
+    '| target calls (plain beam: steps) | Emp | exact (beams and scores) |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
+  for s in rows:
+    lines.append(
+      f'| {r["task"]} | {r["draft"]} | {r["num_beams"]} | {s["gamma"]} | '
+      f'{_opt(s.get("steps_per_call"))} | {_f(s["alpha"])} | '
+      f'{s["target_calls"]} ({plain_calls}) | '
+      f'{_f(s["speedup_measured"])}x | '
+      f'{_f(s["exact_match_fraction"] * 100, 1)}% |'
+    )
+  lines += _quality_lines(r, rows, 'plain beam')
+  lines += [
+    '',
+    '| γ | steps/target call | E[steps/call] (iid α) | steps (plain beam) '
+    '| plain tok/s | speculative tok/s |',
+    '|---|---|---|---|---|---|',
+  ]
+  for s in rows:
+    lines.append(
+      f'| {s["gamma"]} | {_opt(s.get("steps_per_call"))} | '
+      f'{_f(s["expected_tokens_per_call"])} | {s.get("steps", "-")} '
+      f'({r.get("plain_steps", "-")}) | '
+      f'{_f(r["plain_tokens_per_second"], 1)} | '
+      f'{_f(s["tokens_per_second"], 1)} |'
+    )
+  lines += [
+    '',
+    f'Draft depths covered per target call (0..{r["gamma"]}), γ = '
+    f'{r["gamma"]}: {r["accepted_histogram"]}',
+    'Per-depth coverage: '
+    + ' '.join(_f(a) for a in r['per_position_acceptance']),
+    f'Walltime (compile excluded): plain beam search '
+    f'{_f(r["plain_seconds"])} s, speculative '
+    f'{_f(r["walltime"]["speculative_seconds"])} s.',
+    'steps/call: beam-search steps committed per target call, summed over '
+    'rows (plain beam search: 1); a call that covers draft depths 1..a '
+    'commits 1 + a steps. α: the fraction of checked draft depths whose '
+    'trees held every new live beam. Target calls: one per loop iteration '
+    'of a batch (plain beam search: its steps; speculative: its calls). '
+    'Quality and tok/s: the best beam.',
+  ]
+  return '\n'.join(lines) + '\n'
+
+
 def write_plots(r: dict[str, Any], output_dir: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
+  beam = r.get('decode_method') == 'beam'
   hist = np.asarray(r['accepted_histogram'], np.float64)
   g, a = r['gamma'], r['alpha']
   n = np.arange(g + 1)
@@ -300,9 +403,14 @@ def write_plots(r: dict[str, Any], output_dir: str) -> None:
   fig, ax = plt.subplots(figsize=(5, 3.5))
   ax.bar(n, hist / max(hist.sum(), 1), label='measured')
   ax.plot(n, iid, 'ko--', label=f'iid α = {a:.2f}')
-  ax.set_xlabel('draft tokens accepted per iteration')
-  ax.set_ylabel('fraction of iterations')
-  ax.set_title(f'{r["task"]}, γ = {g}, temperature {r["temperature"]:g}')
+  if beam:
+    ax.set_xlabel('draft depths covered per target call')
+    ax.set_ylabel('fraction of target calls')
+    ax.set_title(f'{r["task"]}, γ = {g}, {r["num_beams"]} beams')
+  else:
+    ax.set_xlabel('draft tokens accepted per iteration')
+    ax.set_ylabel('fraction of iterations')
+    ax.set_title(f'{r["task"]}, γ = {g}, temperature {r["temperature"]:g}')
   ax.legend()
   fig.tight_layout()
   fig.savefig(os.path.join(output_dir, HISTOGRAM_PLOT), dpi=100)
@@ -310,17 +418,23 @@ def write_plots(r: dict[str, Any], output_dir: str) -> None:
   if r['sweep']:
     gs = [s['gamma'] for s in r['sweep']]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for key, label, style in [
-      ('speedup_measured', 'measured', 'o-'),
-      ('speedup_predicted', 'E[tokens]/(γc+v)', 's--'),
-      ('speedup_predicted_theorem38', 'Theorem 3.8', '^:'),
-    ]:
+    curves = [('speedup_measured', 'measured', 'o-')]
+    if not beam:  # The predictions are a chain's.
+      curves += [
+        ('speedup_predicted', 'E[tokens]/(γc+v)', 's--'),
+        ('speedup_predicted_theorem38', 'Theorem 3.8', '^:'),
+      ]
+    for key, label, style in curves:
       ax.plot(gs, [s[key] for s in r['sweep']], style, label=label)
     ax.axhline(1.0, color='gray', lw=0.8)
     ax.set_xticks(gs)
     ax.set_xlabel('γ')
-    ax.set_ylabel('speedup over plain decoding')
-    ax.set_title(f'{r["task"]}, temperature {r["temperature"]:g}')
+    if beam:
+      ax.set_ylabel('speedup over plain beam search')
+      ax.set_title(f'{r["task"]}, {r["num_beams"]} beams')
+    else:
+      ax.set_ylabel('speedup over plain decoding')
+      ax.set_title(f'{r["task"]}, temperature {r["temperature"]:g}')
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, SWEEP_PLOT), dpi=100)

@@ -293,6 +293,7 @@ def _run_batches(
           'plain': to_text(tokens),
           'plain_tokens': tokens,
           'plain_seconds': plain_s / len(indices),
+          **decoding.plain_row_record(plain, r),
           'speculative': {},
         }
         for g, (out, secs) in specs.items():
