@@ -14,7 +14,7 @@ Two sections, printed as one table and written as JSON (`--out`, key
    spike on a shared machine hits both alike); an example's time is its
    median over the rounds, a row's time the sum over examples.
 2. Controlled acceptance (one batch of `--controlled_batch` of the same
-   inputs): the draft is `ControlledBeamDraft`, the demo draft run for its
+   inputs, at each `--controlled_beams`, gamma and `--alphas`): the draft is `ControlledBeamDraft`, the demo draft run for its
    cost with its logits biased by plain beam search's own trajectory.
    Acceptance alpha means: at each (batch row, step s), with probability
    alpha (a coin fixed per row and step), the draft's next-token
@@ -383,7 +383,7 @@ def controlled_section(args, target, draft, enc) -> list[dict[str, Any]]:
   """One batch; the controlled draft at each K, gamma and alpha."""
   rows = []
   m = args.max_decode_len
-  for k in args.num_beams:
+  for k in args.controlled_beams:
     kw = dict(num_beams=k, alpha=args.beam_alpha, max_decode_len=m)
     traj, tokens = trajectory(target, enc, k, args.beam_alpha, m)
     plain = sd.beam_search(target, enc, **kw)  # Compile.
@@ -466,11 +466,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     '--quick',
     action='store_true',
-    help='6 examples, gamma 2, alphas 0.5,0.9, 3 repeats (about 2 minutes '
-    'on a 2-core CPU); flags given explicitly still apply',
+    help='6 examples, gamma 2, controlled: 4 beams, alphas 0.5,0.9; 3 '
+    'repeats (about 2 minutes on a 2-core CPU); flags given explicitly '
+    'still apply',
   )
   parser.add_argument('--num_examples', type=int, default=None)
   parser.add_argument('--num_beams', default='1,2,4')
+  parser.add_argument(
+    '--controlled_beams', default=None, help='default --num_beams'
+  )
   parser.add_argument('--gammas', default=None, help='default 2,4')
   parser.add_argument('--alphas', default=None, help='default 0.5,0.8,0.95,1')
   parser.add_argument('--beam_alpha', type=float, default=0.6)
@@ -483,13 +487,20 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--skip_controlled', action='store_true')
   parser.add_argument('--out', default=None, help='JSON output path')
   args = parser.parse_args(argv)
-  quick = dict(num_examples=6, gammas='2', alphas='0.5,0.9', repeats=3)
+  quick = dict(
+    num_examples=6,
+    gammas='2',
+    alphas='0.5,0.9',
+    repeats=3,
+    controlled_beams='4',
+  )
   full = dict(num_examples=20, gammas='2,4', alphas='0.5,0.8,0.95,1',
-              repeats=5)  # fmt: skip
+              repeats=5, controlled_beams=args.num_beams)  # fmt: skip
   for name, value in (quick if args.quick else full).items():
     if getattr(args, name) is None:
       setattr(args, name, value)
   args.num_beams = _ints(args.num_beams)
+  args.controlled_beams = _ints(args.controlled_beams)
   args.gammas = _ints(args.gammas)
   args.alphas = [float(x) for x in args.alphas.split(',')]
   # Only the tree flags given: the library's defaults otherwise.
