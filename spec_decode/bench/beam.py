@@ -14,8 +14,9 @@ Two sections, printed as one table and written as JSON (`--out`, key
    spike on a shared machine hits both alike); an example's time is its
    median over the rounds, a row's time the sum over examples.
 2. Controlled acceptance (one batch of `--controlled_batch` of the same
-   inputs, at each `--controlled_beams`, gamma and `--alphas`): the draft is `ControlledBeamDraft`, the demo draft run for its
-   cost with its logits biased by plain beam search's own trajectory.
+   inputs, at each `--controlled_beams`, gamma and `--alphas`): the draft
+   is `ControlledBeamDraft`, the demo draft run for its cost with its
+   logits biased by plain beam search's own trajectory.
    Acceptance alpha means: at each (batch row, step s), with probability
    alpha (a coin fixed per row and step), the draft's next-token
    distribution after any input at position s - 1 whose token is the last
