@@ -24,6 +24,7 @@ from conftest import sharpened
 from conftest import tiny_config
 
 import spec_decode as sd
+from spec_decode.core.tree import MAX_NODES
 
 EOS = sd.EOS_ID
 
@@ -130,25 +131,39 @@ def test_equals_plain_beam_search_on_tables(num_beams, gamma):
   assert len(set(plain.steps.tolist())) > 1, plain.steps
   np.testing.assert_array_equal(plain.calls, plain.steps)
 
-  def spec(draft):
+  def spec(draft, **tree):
     out = sd.beam_search(
-      target, ENC, num_beams, alpha, 12, draft=draft, gamma=gamma
+      target, ENC, num_beams, alpha, 12, draft=draft, gamma=gamma, **tree
     )
     assert_same_beams(plain, out, exact=True)
     assert (out.calls >= full_calls(out.steps, gamma)).all()
     assert (covered_depths(out) <= out.depth_tries).all()
     return out
 
-  # The target as its own draft: its beams are the target's, every call
-  # commits gamma + 1 steps.
-  same = spec(target)
-  np.testing.assert_array_equal(same.calls, full_calls(same.steps, gamma))
-  np.testing.assert_array_equal(covered_depths(same), same.depth_tries)
+  # The target as its own draft with full trees (every node expanded,
+  # c = K children): each new live beam's token is among its parent's K
+  # best non-EOS tokens, so every call commits gamma + 1 steps. Where the
+  # full tree is too large (K = 4, gamma = 5: 1364 nodes), W = c = K trees:
+  # exact, but a node the target pruned for another beam's sake can
+  # outrank a live beam inside one beam's tree, so coverage is not total.
+  full = sum(num_beams**d for d in range(1, gamma + 1)) < MAX_NODES
+  width = num_beams ** (gamma - 1) if full else num_beams
+  same = spec(target, draft_beams=width, draft_children=num_beams)
+  if full:
+    np.testing.assert_array_equal(same.calls, full_calls(same.steps, gamma))
+    np.testing.assert_array_equal(covered_depths(same), same.depth_tries)
   # A model draft near the target (its tables perturbed), and a bigram
   # draft that ignores the input and is unrelated to the target.
   noise = np.random.default_rng(7).normal(0, 0.7, target.tables.shape)
   near = spec(RowTableLM(tables=target.tables + noise.astype(np.float32)))
   bigram = spec(sd.TableLM.random(8, seed=11))
+  # The default trees (W = c = 2) with the target as draft: exact, and
+  # full calls when they are as wide as the beams.
+  default = spec(target)
+  if num_beams <= 2:
+    np.testing.assert_array_equal(
+      default.calls, full_calls(default.steps, gamma)
+    )
   print(
     f'K={num_beams} gamma={gamma}: steps per call: self '
     f'{same.steps_per_call:.2f}, near {near.steps_per_call:.2f}, bigram '
@@ -158,24 +173,41 @@ def test_equals_plain_beam_search_on_tables(num_beams, gamma):
     assert bigram.steps_per_call < same.steps_per_call
 
 
-def test_wider_draft_beam_search(num_beams=3):
-  # W = 2K draft beams: more nodes per call, still exact, and at least as
-  # many steps per call as W = K here.
+def test_draft_tree_sizes(num_beams=3):
+  # Chains (W = c = 1), the default trees and W = c = K: all exact; here
+  # the wider trees cover at least as many steps per call.
   target = RowTableLM(tables=_tables(8, seed=5))
   noise = np.random.default_rng(8).normal(0, 1.0, target.tables.shape)
   draft = RowTableLM(tables=target.tables + noise.astype(np.float32))
   plain = sd.beam_search(target, ENC, num_beams, 0.6, max_decode_len=12)
   outs = [
     sd.beam_search(
-      target, ENC, num_beams, 0.6, 12, draft=draft, gamma=3, draft_beams=w
+      target,
+      ENC,
+      num_beams,
+      0.6,
+      12,
+      draft=draft,
+      gamma=3,
+      draft_beams=w,
+      draft_children=c,
     )
-    for w in (num_beams, 2 * num_beams)
+    for w, c in ((1, 1), (None, None), (num_beams, num_beams))
   ]
   for out in outs:
     assert_same_beams(plain, out, exact=True)
-  assert outs[1].steps_per_call >= outs[0].steps_per_call
-  with pytest.raises(ValueError, match='draft_beams'):
-    sd.beam_search(target, ENC, 2, draft=draft, draft_beams=1)
+  per_call = [out.steps_per_call for out in outs]
+  print(f'steps per call, chain / default / W = c = K: {per_call}')
+  assert per_call[0] <= per_call[1] <= per_call[2]
+  for bad in ({'draft_beams': 0}, {'draft_children': 0}):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+      sd.beam_search(target, ENC, 2, draft=draft, **bad)
+  with pytest.raises(ValueError, match='below the vocabulary size'):
+    sd.beam_search(target, ENC, 2, draft=draft, draft_children=8)
+  with pytest.raises(ValueError, match='nodes; at most'):
+    sd.beam_search(
+      target, ENC, 2, draft=draft, gamma=9, draft_beams=7, draft_children=7
+    )
 
 
 def test_placeholder_beams_with_a_vocabulary_below_2k():
@@ -215,7 +247,9 @@ def test_t5_near_draft(t5, enc):
 def test_t5_self_draft_commits_gamma_plus_one_steps(t5, enc):
   # The settings of test_t5_near_draft: both programs are compiled already.
   plain = sd.beam_search(t5, enc, 4, 0.6, max_decode_len=10)
-  out = sd.beam_search(t5, enc, 4, 0.6, 10, draft=t5, gamma=3)
+  out = sd.beam_search(
+    t5, enc, 4, 0.6, 10, draft=t5, gamma=3, draft_beams=4, draft_children=4
+  )
   assert_same_beams(plain, out, exact=False)
   np.testing.assert_array_equal(out.calls, full_calls(out.steps, 3))
 

@@ -21,14 +21,20 @@ import numpy as np
 from jax import lax
 
 from spec_decode.core import beam_rules
+from spec_decode.core import beam_trees
 from spec_decode.core import placement
 from spec_decode.core import spec_beam
+from spec_decode.core import tree
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
 from spec_decode.core.spec_beam import reorder_rows
 
 _INTS = (int, np.integer)
+
+# Default draft tree per live beam (`draft_beams`, `draft_children`).
+DRAFT_BEAMS = 2
+DRAFT_CHILDREN = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +193,7 @@ def beam_search(
   gamma: int = 4,
   eos_id: int = EOS_ID,
   draft_beams: int | None = None,
+  draft_children: int | None = None,
 ) -> BeamSearchOutput:
   """Beam search with T5X's rules (`t5x.decoding.beam_search`).
 
@@ -205,18 +212,23 @@ def beam_search(
     max_decode_len: M >= 1, output tokens per sequence at most.
     draft: None for plain beam search; a language model with the
       target's vocabulary for exact speculative beam search
-      (`core/spec_beam.py`): it runs its own beam search `gamma` steps
-      ahead, the target scores the union of its beams in one call, and
-      plain beam search's steps are replayed on the target's log-probs as
-      far as the draft's beams cover them. The result is plain beam
-      search's (up to floating-point near-ties). The target must score
-      token trees (`protocol.TreeLanguageModel`).
-    gamma: draft steps per target call (an int >= 1; unused without a
-      draft).
+      (`core/spec_beam.py`): each live beam gets a token tree grown by the
+      draft's own beam search from it (`core/beam_trees.py`), the target
+      scores every tree in one call, and plain beam search's steps are
+      replayed on the target's log-probs while every new live beam is a
+      node. The result is plain beam search's (up to floating-point
+      near-ties). Both models must score token trees
+      (`protocol.TreeLanguageModel`).
+    gamma: draft tree depth, at most gamma + 1 steps per target call (an
+      int >= 1; unused without a draft).
     eos_id: end-of-sequence id.
-    draft_beams: W >= num_beams, beams of the draft's own beam search
-      (None: num_beams). More draft beams cover the target's beams more
-      often, but a call scores `1 + W * gamma` tokens per beam.
+    draft_beams: W >= 1, nodes of each level of a beam's tree that get
+      children (the draft's W best paths; None: `DRAFT_BEAMS`).
+    draft_children: c >= 1, children of each such node (the draft's c best
+      non-EOS next tokens; None: `DRAFT_CHILDREN`). A beam's tree has
+      c + (gamma - 1) * W * c nodes (fewer where a level has fewer than W);
+      W >= K and c >= K cover every step when the draft agrees with the
+      target.
 
   Sharded models (`partitioner=`) decode sharded, as in `generate`: the
   rows go on the `data` axis (padded with copies of the last row).
@@ -231,9 +243,17 @@ def beam_search(
   num_beams = _check_int('num_beams', num_beams, 1)
   max_decode_len = _check_int('max_decode_len', max_decode_len, 1)
   _check_int('gamma', gamma, 1)
-  if draft_beams is None:
-    draft_beams = num_beams
-  draft_beams = _check_int('draft_beams', draft_beams, num_beams)
+  layout = beam_trees.TreeLayout(
+    gamma=int(gamma),
+    width=_check_int(
+      'draft_beams', DRAFT_BEAMS if draft_beams is None else draft_beams, 1
+    ),
+    children=_check_int(
+      'draft_children',
+      DRAFT_CHILDREN if draft_children is None else draft_children,
+      1,
+    ),
+  )
   if (
     isinstance(alpha, bool)
     or not isinstance(alpha, (int, float, np.integer, np.floating))
@@ -249,6 +269,17 @@ def beam_search(
     )
   if draft is not None:
     _check_draft(model, draft)
+    if layout.children >= model.vocab_size:
+      raise ValueError(
+        f'draft_children must be below the vocabulary size '
+        f'{model.vocab_size} (EOS is never a child), got {layout.children}'
+      )
+    if layout.num_nodes + 1 > tree.MAX_NODES:
+      raise ValueError(
+        f'a draft tree of gamma={gamma}, draft_beams={layout.width}, '
+        f'draft_children={layout.children} has {layout.num_nodes} nodes; '
+        f'at most {tree.MAX_NODES - 1}'
+      )
   if placement.is_global(encoder_tokens):
     raise ValueError(
       'beam_search takes host arrays; a batch spanning hosts is not supported'
@@ -279,8 +310,7 @@ def beam_search(
       draft,
       enc,
       settings=settings,
-      gamma=int(gamma),
-      width=draft_beams,
+      layout=layout,
     )
   out = [None if x is None else x[:batch] for x in placement.to_host(out)]
   return BeamSearchOutput(*out)
@@ -294,7 +324,7 @@ def _check_draft(model: Any, draft: Any) -> None:
         'speculative beam search needs a target that scores token trees '
         f'(protocol.TreeLanguageModel); {type(model).__name__} has no {name}'
       )
-  for name in ('init_state', 'score', 'rollback', 'vocab_size'):
+  for name in ('init_state', 'score', 'score_tree', 'rollback', 'vocab_size'):
     if not hasattr(draft, name):
       raise ValueError(
         'beam_search(draft=...) takes a language model (a T5 Model, a '

@@ -4,22 +4,17 @@ Plain beam search (`beam_search.beam_decode`) calls the target once per
 step. Here each iteration of a row with live beams at step n:
 
   1. the draft catches up on the inputs the row committed in the previous
-     iteration and runs its own beam search (W >= K beams) gamma steps
-     ahead from the row's K live beams (`beam_rules.step` on the draft's
-     log-probs, starting from the target's live log-probs);
-  2. the union of the draft's live beams at steps n + 1 .. n + gamma is a
-     forest over the K current beams: draft beam i of step n + d is node
-     `1 + (d - 1) * W + i`, a child of the draft beam of step n + d - 1 it
-     extends. Every model row (b, j) scores node 0 (its own newest token)
-     and all W * gamma nodes in ONE `score_tree` call, with a per-row
-     ancestor mask (`RowTreeAttention`); a node whose root is another beam
-     is scored too but never read;
+     iteration and grows one token tree per live beam (`beam_trees.grow`:
+     its own beam search from that beam, c best children of the W best
+     nodes of each level, gamma levels);
+  2. the target scores every beam's tree in ONE `score_tree` call (model
+     row (b, j) holds beam j's newest token as node 0 and its tree's N
+     nodes, with that row's ancestor mask);
   3. plain beam search's step rule is replayed on the target's log-probs:
      step n + 1 reads every live beam's root, and step n + d + 1 can be
-     replayed while every live beam (each one the target selected) is a
-     draft node at depth d. The first step that needs a beam the draft did
-     not propose ends the row's iteration, so 1 .. gamma + 1 steps are
-     committed per target call;
+     replayed while every new live beam is a child node of the node its
+     parent read. The first step with a live beam that is no node ends the
+     row's iteration, so 1 .. gamma + 1 steps are committed per call;
   4. the target's rows are reordered to the new beams' roots and each new
      beam's path (the nodes its replayed steps read) is committed
      (`commit_tree`).
@@ -30,21 +25,19 @@ decides only how many steps one target call covers. Only floating-point
 rounding differs (a tree call scores a node among T tokens, plain beam
 search one token), which can flip an exact near-tie.
 
-Shapes: `B` rows, `K` beams, `W` draft beams, `V` vocabulary, `M` =
-max_decode_len, `G` = gamma, `T = 1 + W * G` tokens per model row in a
-target call.
+Shapes: `B` rows, `K` beams, `V` vocabulary, `M` = max_decode_len, `G` =
+gamma, `N` tree nodes per beam (`beam_trees.TreeLayout`).
 """
 
-import dataclasses
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from spec_decode.core import beam_rules
+from spec_decode.core import beam_trees
 from spec_decode.core.protocol import DecodeState
 
 
@@ -59,33 +52,6 @@ def reorder_rows(lm: Any, state: DecodeState, rows: jax.Array) -> DecodeState:
   if reorder is not None:
     return reorder(state, rows)
   return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class RowTreeAttention:
-  """A tree call whose ancestor mask differs per model row.
-
-  Duck-types `core.tree.TreeAttention` for `t5.cache.tree_layout`: the
-  positions are static (a node's depth), the mask is a traced array.
-
-  Attributes:
-    positions: `[T]` each node's depth (its position relative to the index).
-    mask: `[R, T, T] bool` per model row: node t attends to node u.
-  """
-
-  positions: tuple[int, ...]
-  mask: jax.Array
-  offset: int = 0
-
-  @property
-  def num_new(self) -> int:
-    return len(self.positions)
-
-  def new_positions(self) -> np.ndarray:
-    return np.asarray(self.positions, np.int32)
-
-  def mask_array(self) -> jax.Array:
-    return self.mask
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -125,111 +91,32 @@ def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, idx, axis=1)
 
 
-def _pad_seqs(beams: beam_rules.Beams, extra: int) -> beam_rules.Beams:
-  """The beams with `extra` more zero positions (the draft looks ahead)."""
-  pad = ((0, 0), (0, 0), (0, extra))
-  return beams.replace(
-    live_seqs=jnp.pad(beams.live_seqs, pad),
-    finished_seqs=jnp.pad(beams.finished_seqs, pad),
-  )
+def _draft_trees(draft, state, start, beams, layout, eos_id):
+  """Every live beam's draft tree (`beam_trees.grow`).
 
-
-def _widen(x: jax.Array, extra: int, fill=None) -> jax.Array:
-  """`x [B, K, ...]` with `extra` more entries on axis 1: copies of entry
-  0, or `fill`."""
-  more = jnp.repeat(x[:, :1], extra, axis=1)
-  if fill is not None:
-    more = jnp.full_like(more, fill)
-  return jnp.concatenate([x, more], axis=1)
-
-
-def _draft_expand(draft, state, start, beams, done, settings, gamma, width):
-  """The draft's own beam search, gamma steps from the target's beams.
-
-  The draft keeps `width` W >= K beams: the target's K live beams and
-  W - K placeholders (log-prob -1e7) to start with, so that each depth
-  proposes W sequences (more chances to hold the target's K).
+  The draft's row of a beam holds the beam's inputs before `start`; it
+  first feeds inputs `start .. step` (the steps the last call committed
+  and the root), padded to a static `G + 2` inputs.
 
   Returns:
-    tokens and parents, `[G, B, W] int32`: draft beam i of depth d + 1 is
-    `parents[d, b, i]` of depth d (depth 0: the target's beams, i < K)
-    extended by `tokens[d, b, i]`; and the draft state (K rows per batch
-    row) rolled back to each beam's step (for the next iteration).
+    The `BeamTrees` and the draft state rolled back to each beam's step
+    (for the next iteration).
   """
   batch, k = beams.live_logprobs.shape
-  extra = width - k
-  chunk_len = gamma + 2
+  chunk_len = layout.gamma + 2
   step = beams.step
-  padded = _pad_seqs(beams, chunk_len)
-  # Catch up: inputs start .. step (this iteration's roots) and padding.
+  padded = jnp.pad(beams.live_seqs, ((0, 0), (0, 0), (0, chunk_len)))
   chunk = jax.vmap(
     lambda seqs, s: lax.dynamic_slice_in_dim(seqs, s, chunk_len, axis=1)
-  )(padded.live_seqs, start)
+  )(padded, start)
   ds = draft.rollback(state, jnp.repeat(start, k))
   logits, ds = draft.score(ds, chunk.reshape(batch * k, chunk_len))
-  logits = logits.reshape(batch, k, chunk_len, -1)
   root = jnp.take_along_axis(
-    logits, (step - start)[:, None, None, None], axis=2
-  )[:, :, 0]
+    logits, jnp.repeat(step - start, k)[:, None, None], axis=1
+  )[:, 0]
   kept = draft.rollback(ds, jnp.repeat(step, k))
   ds = draft.rollback(ds, jnp.repeat(step + 1, k))
-  log_probs = _widen(jax.nn.log_softmax(root, axis=-1), extra)
-  dbeams = beam_rules.Beams(
-    step=step,
-    live_seqs=_widen(padded.live_seqs, extra),
-    live_logprobs=_widen(beams.live_logprobs, extra, beam_rules.NEG_INF),
-    finished_seqs=_widen(padded.finished_seqs, extra, 0),
-    finished_scores=_widen(beams.finished_scores, extra, beam_rules.NEG_INF),
-    finished_flags=_widen(beams.finished_flags, extra, False),
-  )
-  if extra:
-    # Placeholders start from beam 0's cache (any beam's would do).
-    own = jnp.arange(width)
-    rows = jnp.where(own < k, own, 0)
-    rows = (jnp.arange(batch)[:, None] * k + rows[None]).reshape(-1)
-    # Every leaf (the row count changes; `reorder_beams` keeps some).
-    ds = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), ds)
-  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * width
-  alpha, eos = settings.alpha, settings.eos_id
-
-  def expand(dbeams, log_probs):
-    dbeams, par = beam_rules.step(dbeams, log_probs, alpha, eos, ~done)
-    return dbeams, par, dbeams.last_tokens()
-
-  def one_step(carry, _):
-    # A rolled loop: its body compiles once whatever gamma is.
-    dbeams, ds, log_probs = carry
-    dbeams, par, tok = expand(dbeams, log_probs)
-    ds = reorder_rows(draft, ds, (group + par).reshape(-1))
-    logits, ds = draft.score(ds, tok.reshape(batch * width, 1))
-    log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    return (dbeams, ds, log_probs.reshape(batch, width, -1)), (tok, par)
-
-  (dbeams, _, log_probs), (tokens, parents) = lax.scan(
-    one_step, (dbeams, ds, log_probs), length=gamma - 1
-  )
-  _, par, tok = expand(dbeams, log_probs)
-  tokens = jnp.concatenate([tokens, tok[None]], axis=0)
-  parents = jnp.concatenate([parents, par[None]], axis=0)
-  return tokens, parents, kept
-
-
-def _forest_mask(parents: jax.Array) -> jax.Array:
-  """`[B, T, T] bool` ancestor-or-self mask of the draft's forest.
-
-  Node 0 stands for every model row's own root; node `1 + d * W + i` is
-  draft beam i of depth d + 1 (`parents [G, B, W]`, as `_draft_expand`).
-  """
-  _, batch, k = parents.shape
-  size = 1 + k * len(parents)
-  root = jax.nn.one_hot(0, size, dtype=bool)
-  rows = [jnp.broadcast_to(root, (batch, 1, size))]
-  prev = jnp.broadcast_to(root, (batch, k, size))
-  for d, par in enumerate(parents):
-    own = jax.nn.one_hot(1 + d * k + jnp.arange(k), size, dtype=bool)
-    prev = _take(prev, par) | own[None]
-    rows.append(prev)
-  return jnp.concatenate(rows, axis=1)
+  return beam_trees.grow(draft, ds, root, layout, eos_id), kept
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -241,8 +128,9 @@ class _Replay:
     beams: the target's beams.
     done: `[B]` rows that have stopped.
     replaying: `[B]` rows whose next step is covered.
-    origin: the root (beam at the iteration's start) each beam descends from.
-    dbeam: each beam's draft beam index at `depth` (its origin at 0).
+    origin: the root (beam at the iteration's start) each beam descends
+      from: its model row.
+    node: each beam's node in its origin's tree (0: the root).
     path: `[B, K, G + 1]` the nodes each beam's replayed steps read.
     count: `[B]` steps replayed.
     tried: `[B, G]` draft depth d + 1 was checked: the row had not stopped
@@ -254,55 +142,58 @@ class _Replay:
   done: jax.Array
   replaying: jax.Array
   origin: jax.Array
-  dbeam: jax.Array
+  node: jax.Array
   path: jax.Array
   count: jax.Array
   tried: jax.Array
 
 
-def _replay(beams, done, logits, tokens, parents, settings):
+def _replay(beams, done, logits, trees, settings, gamma, children):
   """Plain beam search's steps on the target's tree log-probs.
 
-  Step `depth` reads each live beam's node at that depth of its origin's
-  tree (`logits [B, K, T, V]`: model row of the origin, node slot); a row
-  goes on while every beam it selects is a draft node one level deeper.
+  A step reads each live beam's node in its origin's tree (`logits [B, K,
+  N + 1, V]`: model row of the origin, node); a row goes on while every
+  new live beam is a child node of the node its parent read.
 
   Returns:
     beams, done, origin `[B, K]`, path `[B, K, G + 1]`, count `[B]` and
     tried `[B, G]` (depths checked; the first count - 1 were covered).
   """
   batch, k = beams.live_logprobs.shape
-  g, _, w = tokens.shape
+  g = gamma
   bidx = jnp.arange(batch)[:, None]
   cols = jnp.arange(g + 1)
+  ranks = jnp.arange(children)
 
   def body(r: _Replay) -> _Replay:
     d = r.depth
-    slot = jnp.where(d == 0, 0, 1 + (d - 1) * w + r.dbeam)
-    log_probs = jax.nn.log_softmax(logits[bidx, r.origin, slot], axis=-1)
+    log_probs = jax.nn.log_softmax(logits[bidx, r.origin, r.node], axis=-1)
     new, par = beam_rules.step(
       r.beams, log_probs, settings.alpha, settings.eos_id, r.replaying
     )
-    # The new beam (parent p, token t) is draft beam i of depth d + 1 when
-    # i extends p's draft beam by t.
-    level = jnp.minimum(d, g - 1)
-    match = (parents[level][:, None, :] == _take(r.dbeam, par)[:, :, None]) & (
-      tokens[level][:, None, :] == new.last_tokens()[:, :, None]
-    )
-    covered = jnp.any(match, axis=2) & (d < g)
+    # New beam j (parent p, token t) is covered when t is a child of the
+    # node p read.
+    origin = _take(r.origin, par)
+    read = _take(r.node, par)
+    first = trees.first_child[bidx, origin, read]  # [B, K]
+    kids = jnp.clip(first[:, :, None] + ranks, 0, trees.tokens.shape[2] - 1)
+    match = (
+      trees.tokens[bidx[:, :, None], origin[:, :, None], kids]
+      == new.last_tokens()[:, :, None]
+    ) & (first >= 0)[:, :, None]
+    covered = jnp.any(match, axis=2)
     sel = r.replaying[:, None]
-    path = jnp.where(
-      cols == d, _take(slot, par)[:, :, None], _take(r.path, par)
-    )
+    path = jnp.where(cols == d, read[:, :, None], _take(r.path, par))
     done = r.done | (beam_rules.stopped(new, settings.alpha) & r.replaying)
     checked = r.replaying & ~done & (d < g)
+    node = first + jnp.argmax(match, axis=2).astype(jnp.int32)
     return _Replay(
       depth=d + 1,
       beams=new,
       done=done,
       replaying=r.replaying & jnp.all(covered, axis=1) & ~done,
-      origin=jnp.where(sel, _take(r.origin, par), r.origin),
-      dbeam=jnp.where(sel, jnp.argmax(match, axis=2), r.dbeam),
+      origin=jnp.where(sel, origin, r.origin),
+      node=jnp.where(sel, node, r.node),
       path=jnp.where(sel[:, :, None], path, r.path),
       count=r.count + r.replaying.astype(jnp.int32),
       tried=r.tried | (checked[:, None] & (cols[None, :g] == d)),
@@ -315,7 +206,7 @@ def _replay(beams, done, logits, tokens, parents, settings):
     done=done,
     replaying=~done,
     origin=arange,
-    dbeam=arange,
+    node=jnp.zeros((batch, k), jnp.int32),
     path=jnp.zeros((batch, k, g + 1), jnp.int32),
     count=jnp.zeros((batch,), jnp.int32),
     tried=jnp.zeros((batch, g), bool),
@@ -329,18 +220,16 @@ def spec_beam_decode(
   draft,
   encoder_tokens: jax.Array,
   settings: Any,
-  gamma: int,
-  width: int,
+  layout: beam_trees.TreeLayout,
 ):
   """Speculative beam search over `encoder_tokens [B, S]` (module doc).
 
   Args:
     target: a `protocol.TreeLanguageModel`.
-    draft: a `protocol.LanguageModel` with the target's vocabulary.
+    draft: a `protocol.TreeLanguageModel` with the target's vocabulary.
     encoder_tokens: `[B, S] int32`.
     settings: `beam_search.BeamSettings` (static).
-    gamma: G >= 1 draft steps per iteration (static).
-    width: W >= K beams of the draft's beam search (static).
+    layout: the draft trees' sizes (static): G = `layout.gamma` levels.
 
   Returns:
     tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
@@ -348,12 +237,10 @@ def spec_beam_decode(
     per call and the depth tries `[B, G]` (`SpecBeamState`).
   """
   batch = encoder_tokens.shape[0]
-  k, g = settings.num_beams, gamma
+  k, g = settings.num_beams, layout.gamma
   m = settings.max_decode_len
-  w = width
-  size = 1 + w * g
+  size = layout.num_nodes + 1
   group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
-  depths = (0,) + tuple(1 + d for d in range(g) for _ in range(w))
 
   def repeat(state):
     return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
@@ -361,30 +248,21 @@ def spec_beam_decode(
   def body(s: SpecBeamState) -> SpecBeamState:
     b = s.beams
     step = b.step
-    tokens, parents, draft_kept = _draft_expand(
-      draft, s.draft, s.start, b, s.done, settings, g, w
+    trees, draft_kept = _draft_trees(
+      draft, s.draft, s.start, b, layout, settings.eos_id
     )
-    nodes = jnp.concatenate(
-      [
-        b.last_tokens()[:, :, None],
-        jnp.broadcast_to(
-          jnp.moveaxis(tokens, 0, 1).reshape(batch, 1, w * g),
-          (batch, k, w * g),
-        ),
-      ],
-      axis=2,
-    )
-    attention = RowTreeAttention(
-      positions=depths, mask=jnp.repeat(_forest_mask(parents), k, axis=0)
+    nodes = trees.tokens.at[:, 0].set(b.last_tokens().reshape(-1))
+    attention = beam_trees.RowTreeAttention(
+      positions=layout.depths, mask=trees.mask
     )
     tgt = target.rollback(s.target, jnp.repeat(step, k))
-    logits, tgt = target.score_tree(
-      tgt, nodes.reshape(batch * k, size), attention
-    )
+    logits, tgt = target.score_tree(tgt, nodes, attention)
     logits = logits.reshape(batch, k, size, -1)
-
+    per_beam = jax.tree.map(
+      lambda x: x.reshape((batch, k) + x.shape[1:]), trees
+    )
     b, done, origin, path, count, tried = _replay(
-      b, s.done, logits, tokens, parents, settings
+      b, s.done, logits, per_beam, settings, g, layout.children
     )
     active = (~s.done).astype(jnp.int32)
     rows = (group + origin).reshape(-1)
@@ -409,7 +287,9 @@ def spec_beam_decode(
     beams=beams,
     done=beam_rules.stopped(beams, settings.alpha),
     target=repeat(target.init_state(encoder_tokens, m + size + 1)),
-    draft=repeat(draft.init_state(encoder_tokens, m + g + 3)),
+    draft=repeat(
+      draft.init_state(encoder_tokens, m + g + 3 + layout.num_nodes)
+    ),
     start=jnp.zeros((batch,), jnp.int32),
     calls=jnp.zeros((batch,), jnp.int32),
     histogram=jnp.zeros((batch, g + 1), jnp.int32),
@@ -429,5 +309,5 @@ def spec_beam_decode(
 
 
 spec_beam_decode_jit = jax.jit(
-  spec_beam_decode, static_argnames=('settings', 'gamma', 'width')
+  spec_beam_decode, static_argnames=('settings', 'layout')
 )

@@ -144,7 +144,7 @@ def tree_layout(index: jax.Array, length: int, tree):
     length: L, cache slots.
     tree: the call's `TreeAttention` (static), or an object with its
       fields whose `mask_array()` is `[B, T, offset + T]`, one mask per row
-      (speculative beam search, `core.spec_beam.RowTreeAttention`).
+      (speculative beam search, `core.beam_trees.RowTreeAttention`).
 
   Returns:
     `q_pos [B, T]`, `k_pos [B, L]` (a scratch slot's position is that of
@@ -161,7 +161,7 @@ def tree_layout(index: jax.Array, length: int, tree):
   slot_pos = jnp.asarray(np.asarray(tree.positions, np.int32))[rel_c]
   k_pos = jnp.where(rel < 0, slots, index[:, None] + slot_pos)
   mask = jnp.asarray(tree.mask_array())
-  if mask.ndim == 3:  # One mask per row `[B, T, width]` (beam forests).
+  if mask.ndim == 3:  # One mask per row `[B, T, width]` (beam trees).
     mask = jnp.take_along_axis(mask, rel_c[:, None, :], axis=2)
   else:
     mask = jnp.transpose(mask[:, rel_c], (1, 0, 2))  # [B, T, L]
