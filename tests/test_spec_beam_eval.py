@@ -23,6 +23,10 @@ SETTINGS = eval_lib.EvalSettings(
   decode_method='beam',
   num_beams=2,
   gamma=2,
+  # Full draft trees (W = c^(gamma - 1), c = K): with the target as draft
+  # every depth is covered.
+  draft_beams=2,
+  draft_children=2,
 )
 RUN = dict(progress=False, print_summary=False)
 

@@ -33,7 +33,9 @@ from spec_decode.core.spec_beam import reorder_rows
 _INTS = (int, np.integer)
 
 # Default draft tree per live beam (`draft_beams`, `draft_children`).
-DRAFT_BEAMS = 2
+# Measured on the demo pair (Debian EnDe, batch 1; docs/decoding.md): one
+# kept node with 2 children per level was fastest or near it at K = 1, 2, 4.
+DRAFT_BEAMS = 1
 DRAFT_CHILDREN = 2
 
 
@@ -97,6 +99,9 @@ class BeamSearchOutput:
       that checked draft depth d + 1 (a call that stops its row checks no
       further); `histogram[:, d + 1:].sum(1)` of them covered it. None for
       plain beam search.
+    tree_nodes: speculative beam search: draft nodes per beam's tree (a
+      target call scores K * (1 + tree_nodes) tokens per row); None for
+      plain beam search.
   """
 
   tokens: np.ndarray
@@ -106,6 +111,7 @@ class BeamSearchOutput:
   calls: np.ndarray
   histogram: np.ndarray | None = None
   depth_tries: np.ndarray | None = None
+  tree_nodes: int | None = None
 
   @property
   def steps_per_call(self) -> float:
@@ -313,7 +319,8 @@ def beam_search(
       layout=layout,
     )
   out = [None if x is None else x[:batch] for x in placement.to_host(out)]
-  return BeamSearchOutput(*out)
+  tree_nodes = None if draft is None else layout.num_nodes
+  return BeamSearchOutput(*out, tree_nodes=tree_nodes)
 
 
 def _check_draft(model: Any, draft: Any) -> None:

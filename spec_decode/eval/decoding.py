@@ -117,7 +117,8 @@ class BeamSpecStats:
   analogue of a accepted draft tokens. Depth d counts as tried in a call
   that checked it (`BeamSearchOutput.depth_tries`: not after the step that
   stopped the row) and accepted when covered (a >= d); a row's alpha is
-  accepted over tried depths, its "proposed" nodes are K * gamma per call.
+  accepted over tried depths, its "proposed" nodes are the K beams' draft
+  tree nodes per call (`BeamSearchOutput.tree_nodes` each).
 
   Attributes: per row `[B, ...]`, as `sd.SpecStats` names them, and
   `row_steps`, the beam-search steps each row took (`row_iterations` are
@@ -147,7 +148,7 @@ class BeamSpecStats:
       row_position_accepts=accepts,
       row_beta_sum=beta,
       row_alpha=beta / np.maximum(tries.sum(1), 1),
-      row_proposed=np.asarray(out.calls, np.int64) * num_beams * gamma,
+      row_proposed=np.asarray(out.calls, np.int64) * num_beams * out.tree_nodes,
       row_steps=np.asarray(out.steps, np.int64),
     )
 
@@ -246,7 +247,12 @@ class Decoder:
       max_decode_len=s.max_decode_len,
     )
     if gamma is not None:
-      kw.update(draft=self.draft, gamma=gamma)
+      kw.update(
+        draft=self.draft,
+        gamma=gamma,
+        draft_beams=s.draft_beams,
+        draft_children=s.draft_children,
+      )
     key = (enc.shape, 'beam', gamma)
     if timed and key not in self._seen:
       sd.beam_search(self.target, enc, **kw)  # Warm-up: compile.

@@ -248,6 +248,11 @@ class EvalSettings:
       search is deterministic).
     num_beams: beams of `'beam'` (T5X's `num_decodes`), >= 1.
     beam_alpha: brevity-penalty exponent of `'beam'`, >= 0 (T5X's 0.6).
+    draft_beams: speculative `'beam'`: nodes per level of a beam's draft
+      tree that get children (`sd.beam_search(draft_beams=)`); None: the
+      default.
+    draft_children: speculative `'beam'`: children per such node; None:
+      the default.
     max_decode_len: output tokens per example at most (EOS included).
     max_input_len: inputs are cut to this many tokens (EOS included).
     task_feature_lengths: T5X's `{'inputs': N, 'targets': M}`; a key it
@@ -308,6 +313,8 @@ class EvalSettings:
   decode_method: str | None = None
   num_beams: int = 4
   beam_alpha: float = 0.6
+  draft_beams: int | None = None
+  draft_children: int | None = None
 
   def __post_init__(self):
     # In T5X's order: the module registers tasks, then the task is found.
@@ -375,6 +382,8 @@ class EvalSettings:
       values['top_p'],
     )
     values['num_beams'] = _int('num_beams', self.num_beams, 1)
+    for name in ('draft_beams', 'draft_children'):
+      values[name] = _int(name, getattr(self, name), 1, none_ok=True)
     values['beam_alpha'] = _real(
       'beam_alpha',
       self.beam_alpha,
@@ -423,7 +432,12 @@ class EvalSettings:
       'dynamic_gamma': self.dynamic_gamma,
       'decode_method': self.method,
       **(
-        {'num_beams': self.num_beams, 'beam_alpha': self.beam_alpha}
+        {
+          'num_beams': self.num_beams,
+          'beam_alpha': self.beam_alpha,
+          'draft_beams': self.draft_beams,
+          'draft_children': self.draft_children,
+        }
         if self.beam
         else {}
       ),
