@@ -63,9 +63,16 @@ def test_wider_tree_needs_fewer_target_calls(greedy_runs):
 @pytest.mark.parametrize(
   'kw',
   # Sampling: top-k and top-p on (the plain t = 1 path is the same code;
-  # its exactness is `test_tree_distribution.py`'s).
-  [dict(), dict(temperature=0.7, top_k=3, top_p=0.8)],
-  ids=['greedy', 'top_k_top_p'],
+  # its exactness is `test_tree_distribution.py`'s). The sampled variant
+  # compiles two more loops: `make test-slow`.
+  [
+    pytest.param(dict(), id='greedy'),
+    pytest.param(
+      dict(temperature=0.7, top_k=3, top_p=0.8),
+      id='top_k_top_p',
+      marks=pytest.mark.slow,
+    ),
+  ],
 )
 def test_chain_shaped_tree_equals_the_chain_loop(
   target, near_draft, enc, greedy_runs, kw
