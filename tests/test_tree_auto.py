@@ -1,14 +1,20 @@
 """tree='auto': the best tree per budget (vs brute force), the choice follows
-the costs, and an auto decode is exact and reports what it chose."""
+the costs, and an auto decode is exact and reports what it chose.
+
+The auto decode runs with fixed costs in `make test` (timing compiles one
+loop per timed shape: two shapes are timed on their own); with all seven
+shapes measured it is `slow` (`make test-slow`)."""
 
 import itertools
 
 import numpy as np
+import pytest
 from conftest import encoder_batch
 
 import spec_decode as sd
 from spec_decode.core import tree as tree_lib
 from spec_decode.core import tree_auto
+from spec_decode.core.decode_settings import DecodeSettings
 
 
 def _expected(paths, acc):
@@ -72,12 +78,21 @@ def test_cost_fit_recovers_a_linear_cost():
   np.testing.assert_allclose(tree_auto.fit_costs(timed), (2.0, 0.5, 0.25))
 
 
-def test_auto_decodes_exactly_and_reports(target, near_draft):
+def _linear_seconds(target, draft, enc, settings, shapes=tree_auto.TIMED):
+  """Fixed costs t = 2 + 0.5 n + 0.25 D per iteration (nothing timed)."""
+  del target, draft, enc, settings
+  out = {}
+  for branching in shapes:
+    shape = tree_lib.from_branching(branching)
+    out[branching] = 2.0 + 0.5 * shape.num_nodes + 0.25 * shape.depth
+  return out
+
+
+def _check_auto_decode(target, draft, cost_fit=None):
+  """tree='auto' decodes greedy-exactly and reports what it chose."""
   enc = encoder_batch(8, 7, 16, seed=3)
   plain = sd.generate(target, enc, max_decode_len=12)
-  out = sd.generate(
-    target, enc, draft=near_draft, tree='auto', max_decode_len=12
-  )
+  out = sd.generate(target, enc, draft=draft, tree='auto', max_decode_len=12)
   np.testing.assert_array_equal(out.tokens, plain.tokens)
   auto = out.tree['auto']
   assert auto['num_nodes'] == out.tree['num_nodes'] >= 1
@@ -85,3 +100,29 @@ def test_auto_decodes_exactly_and_reports(target, near_draft):
   assert auto['measured_tokens_per_call'] == out.tree['tokens_per_call']
   assert len(auto['iteration_seconds']) == len(tree_auto.TIMED)
   assert all(t > 0 for t in auto['iteration_seconds'].values())
+  if cost_fit is not None:
+    np.testing.assert_allclose(auto['cost_fit'], cost_fit)
+
+
+def test_auto_decodes_exactly_and_reports(target, near_draft, monkeypatch):
+  """Calibration, choice and decode with fixed costs: the seven timing
+  loops (one compile each) are the slow test's below."""
+  monkeypatch.setattr(tree_auto, 'iteration_seconds', _linear_seconds)
+  _check_auto_decode(target, near_draft, cost_fit=(2.0, 0.5, 0.25))
+
+
+def test_iteration_seconds_times_compiled_tree_loops(target, near_draft):
+  enc = encoder_batch(8, 7, 16, seed=3)
+  settings = DecodeSettings(max_decode_len=12)
+  seconds = tree_auto.iteration_seconds(
+    target, near_draft, enc, settings, shapes=((1,), (2,))
+  )
+  assert sorted(seconds) == [(1,), (2,)]
+  assert all(np.isfinite(t) and t > 0 for t in seconds.values())
+
+
+@pytest.mark.slow
+def test_auto_with_measured_costs_decodes_exactly_and_reports(
+  target, near_draft
+):
+  _check_auto_decode(target, near_draft)
