@@ -23,12 +23,15 @@ $(STAMP): setup.py
 	touch $@
 
 # `multiprocess` tests start several spec-decode processes (partitioned and
-# multi-process eval runs, minutes on two cores): `make test-slow` runs them.
+# multi-process eval runs, minutes on two cores); `slow` tests are the
+# heavier variants of properties that `make test` checks in a fast variant
+# (other samplers, measured costs, the end-to-end CLI run). `make test`
+# leaves both out; `make test-slow` runs exactly them.
 test: install
-	$(PY) -m pytest -q -m "not multiprocess" tests
+	$(PY) -m pytest -q -m "not multiprocess and not slow" tests
 
 test-slow: install
-	$(PY) -m pytest -q -m multiprocess tests
+	$(PY) -m pytest -q -m "slow or multiprocess" tests
 
 # The default eval run: the committed demo pair on the offline Debian EnDe
 # task (the data is built from apt's translation lists on first use).
