@@ -117,3 +117,32 @@ def test_markdown_table_has_a_row_per_setting(models, recorded):
   assert row['speedup'] == 2.0 and row['exact'] and row['exact_rows'] == '8/8'
   table = beam.markdown([dict(row, batch=1)])
   assert table.splitlines()[2].startswith('| demo pair | 1 | 2 | 2 | 2.00 |')
+
+
+def test_rank_coverage(models):
+  # Ranked by the target itself, c = K always covers (a live beam is among
+  # the K best non-EOS extensions of all beams, so among its parent's K
+  # best); coverage grows with c; a draft that is the target ranks alike.
+  from spec_decode.bench import beam_coverage
+
+  target, draft, enc = models
+  k = 3
+  seqs, live, steps, _ = jax.device_get(
+    beam.live_sequences(target, jnp.asarray(enc), k, 0.6, M)
+  )
+  rows = beam_coverage.coverage_rows(
+    target, target, enc, (seqs, live, steps), children=(1, 2, 3)
+  )
+  by = {(r['model'], r['children']): r['covered'] for r in rows}
+  assert rows[0]['steps'] == int(np.maximum(steps - 1, 0).sum())
+  assert by[('target', 3)] == 1.0
+  assert by[('target', 1)] <= by[('target', 2)] <= 1.0
+  assert by[('target', 1)] < 1.0  # Runner-ups are kept here.
+  for c in (1, 2, 3):
+    assert by[('draft', c)] == by[('target', c)]
+  # A different draft ranks differently: c = K no longer always covers.
+  other = beam_coverage.coverage_rows(
+    target, draft, enc, (seqs, live, steps), children=(3,)
+  )
+  assert other[1]['model'] == 'draft' and other[1]['covered'] < 1.0
+  assert '| 3 | target |' in beam_coverage.markdown(rows)

@@ -36,6 +36,12 @@ Two sections, printed as one table and written as JSON (`--out`, key
    ('shared last') next to the measured steps per call, which is the
    measured quantity. alpha = 0 commits exactly one step per call.
 
+3. Coverage (`beam_coverage.py`, JSON key `beam_coverage`): along plain
+   beam search's path on the demo inputs, how often all K new live beams'
+   tokens rank among their parents' c best non-EOS tokens, ranked by the
+   target (a perfect draft's ceiling) and by the draft: why a K-beam step
+   is or is not covered.
+
 Exact: every row's beams (tokens and lengths) equal plain beam search's
 and every score is within 1e-5 of plain's (the eval's rule).
 
@@ -58,6 +64,7 @@ import numpy as np
 from jax import lax
 
 import spec_decode as sd
+from spec_decode.bench import beam_coverage
 from spec_decode.core import beam_rules
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
@@ -109,7 +116,7 @@ def _reorder(lm: Any, state: DecodeState, rows: jax.Array) -> DecodeState:
 @functools.partial(
   jax.jit, static_argnames=('num_beams', 'alpha', 'max_decode_len')
 )
-def _record(model, enc, num_beams, alpha, max_decode_len):
+def live_sequences(model, enc, num_beams, alpha, max_decode_len):
   """Plain beam search (the loop of `beam_search.beam_decode`), keeping
   every step's live sequences: `[B, M + 1, K, M + 1]` and their flags."""
   batch, k, m = enc.shape[0], num_beams, max_decode_len
@@ -154,7 +161,7 @@ def trajectory(
   """Plain beam search's `Trajectory` over `enc [B, S]`, and its output
   tokens `[B, K, M]` (best first) to check it against `sd.beam_search`."""
   seqs, live, steps, tokens = jax.device_get(
-    _record(model, jnp.asarray(enc), num_beams, float(alpha), m)
+    live_sequences(model, jnp.asarray(enc), num_beams, float(alpha), m)
   )
   batch, k = enc.shape[0], num_beams
   prev = np.zeros((batch, m + 2, k), np.int32)
@@ -422,6 +429,26 @@ def controlled_section(args, target, draft, enc) -> list[dict[str, Any]]:
   return rows
 
 
+def coverage_section(args, target, draft, enc) -> list[dict[str, Any]]:
+  """Per K: how often the K new live beams all rank among their parents'
+  c best non-EOS tokens, by the target and by the draft."""
+  rows = []
+  for k in args.num_beams:
+    seqs, live, steps, _ = jax.device_get(
+      live_sequences(
+        target, jnp.asarray(enc), k, args.beam_alpha, args.max_decode_len
+      )
+    )
+    rows += beam_coverage.coverage_rows(target, draft, enc, (seqs, live, steps))
+  print(beam_coverage.markdown(rows))
+  print(
+    "covered at c: steps s >= 2 of plain beam search whose live beams' "
+    "newest tokens all rank among their parents' c best non-EOS tokens "
+    '(the steps a tree of c children per node could cover).'
+  )
+  return rows
+
+
 def _progress(r: dict[str, Any]) -> None:
   print(
     f'  {r["source"]}: K={r["num_beams"]} gamma={r["gamma"]} '
@@ -486,6 +513,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--draft_children', type=int, default=None)
   parser.add_argument('--skip_demo', action='store_true')
   parser.add_argument('--skip_controlled', action='store_true')
+  parser.add_argument(
+    '--skip_coverage',
+    action='store_true',
+    help='skip the table of how the target and the draft rank the tokens '
+    'of plain beam search (bench/beam_coverage.py)',
+  )
   parser.add_argument('--out', default=None, help='JSON output path')
   args = parser.parse_args(argv)
   quick = dict(
@@ -529,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
       args, target, draft, enc[: args.controlled_batch]
     )
   print(markdown(rows))
+  coverage = []
+  if not args.skip_coverage:
+    coverage = coverage_section(args, target, draft, enc[: args.num_examples])
   print(
     'Times: compile excluded, median of the rounds (demo: summed over '
     'examples). steps/call: beam-search steps per target call (plain: 1); '
@@ -539,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.out:
     results = {
       'beam': rows,
+      'beam_coverage': coverage,
       'settings': {
         k: v for k, v in vars(args).items() if k not in ('tree_kw',)
       },
