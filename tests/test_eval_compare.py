@@ -197,6 +197,11 @@ def test_cli_checks_the_comparison_settings_before_loading_drafts(
   assert 'checkpoint not found' not in err
 
 
+# The comparison itself (every drafter x temperature, labels, files) is
+# `test_compare_runs_every_combination_and_labels_them`'s, and the CLI's
+# checks of the smoke config are tested above; this end-to-end CLI run of
+# the same six decodes is `make test-slow`'s.
+@pytest.mark.slow
 def test_cli_runs_the_smoke_comparison(models, tmp_path, capsys):
   del models  # Shares the compiled loops.
   out = str(tmp_path / 'cli')
