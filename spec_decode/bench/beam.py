@@ -8,7 +8,10 @@ Two sections, printed as one table and written as JSON (`--out`, key
    `checkpoints/demo/draft_seqkd`) on the first `--num_examples` Debian
    EnDe test inputs (`--data_dir`; fixed English sentences with T5's
    translation prefix when it does not exist), one at a time (batch 1, as
-   `make demo`), at every `--num_beams` and `--gammas`. Every configuration
+   `make demo`), at every `--num_beams` and `--gammas`, and with a random
+   bigram table as the draft at the first gamma (nearly free, it covers
+   almost nothing: its ms per call against plain's ms per step is what a
+   call costs beyond the draft). Every configuration
    compiles first (inputs padded to one width), then `--repeats` rounds
    decode every example plainly and speculatively, interleaved (a load
    spike on a shared machine hits both alike); an example's time is its
@@ -356,6 +359,8 @@ def result_row(
     'exact_rows': f'{int(same.sum())}/{len(same)}',
     'target_calls': int(spec.calls.sum()),
     'plain_target_calls': int(plain.steps.sum()),
+    'plain_ms_per_step': float(plain_s / max(plain.steps.sum(), 1) * 1e3),
+    'spec_ms_per_call': float(spec_s / max(spec.calls.sum(), 1) * 1e3),
   }
 
 
@@ -366,9 +371,11 @@ def demo_section(args, target, draft, enc, source) -> list[dict[str, Any]]:
   for k in args.num_beams:
     kw = dict(num_beams=k, alpha=args.beam_alpha,
               max_decode_len=args.max_decode_len)  # fmt: skip
-    configs = [kw] + [
-      dict(kw, draft=draft, gamma=g, **tree_kw) for g in args.gammas
-    ]
+    # Last: a random bigram table as the draft (nearly free, covers
+    # almost nothing): the cost of a call beyond the draft's.
+    bigram = sd.TableLM.random(target.vocab_size, seed=0)
+    drafts = [(draft, g) for g in args.gammas] + [(bigram, args.gammas[0])]
+    configs = [kw] + [dict(kw, draft=d, gamma=g, **tree_kw) for d, g in drafts]
     calls = [
       [functools.partial(sd.beam_search, target, enc[i : i + 1], **c)
        for i in range(len(enc))]
@@ -378,10 +385,12 @@ def demo_section(args, target, draft, enc, source) -> list[dict[str, Any]]:
       c[0]()  # Compile (one width for every example).
     outs, secs = _timed(calls, args.repeats)
     plain = _concat(outs[0])
-    for g, out, s in zip(args.gammas, outs[1:], secs[1:], strict=True):
-      row = result_row(
-        f'demo pair ({source})', k, g, plain, _concat(out), secs[0], s
-      )
+    names = [f'demo pair ({source})'] * len(args.gammas)
+    names.append(f'bigram draft ({source})')
+    for (_, g), name, out, s in zip(
+      drafts, names, outs[1:], secs[1:], strict=True
+    ):
+      row = result_row(name, k, g, plain, _concat(out), secs[0], s)
       rows.append(dict(row, batch=1, examples=len(enc)))
       _progress(rows[-1])
   return rows
@@ -465,14 +474,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
   lines = [
     '| source | batch | beams | γ | plain s | spec s | speedup | '
-    'steps/call | E (iid coins) | shared last | exact |',
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    'steps/call | plain ms/step | spec ms/call | E (iid coins) | '
+    'shared last | exact |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     lines.append(
       f'| {r["source"]} | {r["batch"]} | {r["num_beams"]} | {r["gamma"]} | '
       f'{r["plain_s"]:.2f} | {r["spec_s"]:.2f} | {r["speedup"]:.2f}x | '
-      f'{r["steps_per_call"]:.2f} | {f(r, "expected_steps_per_call", ".2f")} '
+      f'{r["steps_per_call"]:.2f} | {r["plain_ms_per_step"]:.2f} | '
+      f'{r["spec_ms_per_call"]:.2f} | '
+      f'{f(r, "expected_steps_per_call", ".2f")} '
       f'| {f(r, "shared_last", ".2f")} | {r["exact_rows"]} |'
     )
   return '\n'.join(lines)
