@@ -32,7 +32,8 @@ Two sections, printed as one table and written as JSON (`--out`, key
    1 + a steps, a the run of agreeing steps n + 1, n + 2, ... (at most
    gamma): E[steps per call] = (1 - alpha^(gamma + 1)) / (1 - alpha), as
    E[tokens] for a greedy chain, when every beam's tree can hold its
-   target children (`draft_beams` and `draft_children` >= num_beams) and no
+   target children (this section's trees: `draft_beams` = `draft_children`
+   = num_beams unless the flags say otherwise) and no
    two live beams of a step share their last token. Where they do, the
    union of their children is proposed after both and can crowd a right
    node out of a tree; the table reports the fraction of such steps
@@ -415,7 +416,11 @@ def controlled_section(args, target, draft, enc) -> list[dict[str, Any]]:
         cd = ControlledBeamDraft(
           inner=draft, traj=traj, alpha=jnp.float32(a), key=jax.random.key(1)
         )
-        spec_kw = dict(kw, draft=cd, gamma=g, **args.tree_kw)
+        # Trees that can hold every beam's children (W = c = K), so that
+        # the coins, not the tree size, decide the steps per call (unless
+        # the tree flags are given).
+        tree_kw = args.tree_kw or dict(draft_beams=k, draft_children=k)
+        spec_kw = dict(kw, draft=cd, gamma=g, **tree_kw)
         sd.beam_search(target, enc, **spec_kw)  # Compile (alpha is traced).
         calls = [
           [functools.partial(sd.beam_search, target, enc, **kw)],
