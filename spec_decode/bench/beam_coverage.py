@@ -52,16 +52,18 @@ def step_ranks(
     `[sum over rows of (steps - 1)]` ranks (-1: no real live beam).
   """
   worst = []
+  m = seqs.shape[1] - 1
   for b in range(enc.shape[0]):
     s_max = int(steps[b])
     if s_max < 2:
       continue
-    rows = seqs[b, 2 : s_max + 1].reshape(-1, seqs.shape[-1])
-    ranks = _ranks(model, enc[b], rows).reshape(s_max - 1, seqs.shape[2], -1)
-    s = np.arange(2, s_max + 1)
-    newest = ranks[np.arange(s_max - 1), :, s - 1]  # Token s: [steps, K].
-    newest = np.where(live[b, 2 : s_max + 1], newest, -1)
-    worst.append(newest.max(1))
+    # Every step 2..M (one shape, one compile); steps past s_max dropped.
+    rows = seqs[b, 2:].reshape(-1, seqs.shape[-1])
+    ranks = _ranks(model, enc[b], rows).reshape(m - 1, seqs.shape[2], -1)
+    s = np.arange(2, m + 1)
+    newest = ranks[np.arange(m - 1), :, s - 1]  # Token s: [M - 1, K].
+    newest = np.where(live[b, 2:], newest, -1)
+    worst.append(newest.max(1)[: s_max - 1])
   return np.concatenate(worst) if worst else np.zeros((0,), np.int64)
 
 
