@@ -203,26 +203,6 @@ def test_draft_equal_to_target_accepts_everything_at_temperature_1(
   )
 
 
-def test_auto_gamma_reports_its_choice(models, tmp_path):
-  target, draft = models
-  settings = _settings(
-    num_examples=2, gamma='auto', calibration_batches=1, calibration_gamma=2,
-    max_auto_gamma=3,
-  )  # fmt: skip
-  r = eval_lib.evaluate(
-    target, draft, settings, output_dir=str(tmp_path), **RUN
-  )
-  choice = r['gamma_choice']
-  assert r['gamma_mode'] == 'auto'
-  assert 1 <= choice['gamma'] <= 3 and r['gamma'] == choice['gamma']
-  assert choice['calibration']['examples'] == 2
-  assert set(choice['calibration']['v_of_k']) == {'1', '2', '3', '4'}
-  with open(os.path.join(str(tmp_path), eval_lib.STATE_FILE)) as f:
-    assert json.load(f)['gamma_choice'] == choice
-  with open(os.path.join(str(tmp_path), eval_lib.SUMMARY_FILE)) as f:
-    assert f'gamma = auto: chose {choice["gamma"]}' in f.read()
-
-
 def test_lenient_runs_are_labelled_not_exact(full_run):
   _, r = full_run
   lenient = dict(r, exact_algorithm=False, lenience=0.5)
@@ -349,7 +329,6 @@ def test_cli_gin_search_paths(models, tmp_path):
     ('lenience', 1.5), ('dynamic_gamma', 1.0), ('dynamic_gamma', -0.1),
     ('dynamic_gamma', True), ('vocabulary', 3), ('data_dir', 3),
     ('target_name', 3), ('draft_name', ''), ('timing_repeats', 0),
-    ('calibration_batches', 0), ('calibration_gamma', 0),
     ('max_auto_gamma', 0), ('task', None), ('max_decode_len', None),
     ('task_feature_lengths', {'inputs': 0}),
     ('task_feature_lengths', {'decoder': 8}),

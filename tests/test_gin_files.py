@@ -143,8 +143,6 @@ SETTINGS_MACROS = {
   'TARGET_NAME': 'target_name', 'DRAFT_NAME': 'draft_name',
   'TIMING_REPEATS': 'timing_repeats',
   'NUM_BEAMS': 'num_beams', 'BEAM_ALPHA': 'beam_alpha',
-  'CALIBRATION_BATCHES': 'calibration_batches',
-  'CALIBRATION_GAMMA': 'calibration_gamma',
   'MAX_AUTO_GAMMA': 'max_auto_gamma',
 }  # fmt: skip
 

@@ -81,6 +81,9 @@ DEFAULT_CONFIG = 'demo_debian_ende.gin'
 DEFAULT_OUTPUT_ROOT = 'eval_results'
 # The default run's checkpoints (see configs/demo_debian_ende.gin).
 DEMO_CHECKPOINTS = ('checkpoints/demo/target', 'checkpoints/demo/draft_seqkd')
+# Macros of the former calibrated auto-γ: a config that still sets one is
+# refused (they would be silently unused).
+REMOVED_MACROS = ('CALIBRATION_BATCHES', 'CALIBRATION_GAMMA')
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -204,6 +207,14 @@ def configure(args: argparse.Namespace, flag_bindings: list[str]) -> list[str]:
     files = gin_cli.parse(
       gin_files, in_files + bindings + links, search, skip=skip
     )
+  unset = object()
+  for name in REMOVED_MACROS:
+    if gin_cli.macro(name, unset) is not unset:
+      raise gin_cli.GinFlagError(
+        f"{name} is no longer used: GAMMA = 'auto' runs sd.generate's "
+        'in-loop policy, which decodes nothing to choose γ; remove it '
+        '(MAX_AUTO_GAMMA still bounds γ)'
+      )
   return files
 
 

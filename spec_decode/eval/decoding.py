@@ -2,7 +2,9 @@
 
 `Decoder` runs `sd.generate` plainly or speculatively on a batch (or
 `sd.beam_search`, for `decode_method='beam'`), compiling each new input
-shape once untimed first, so that walltimes exclude compile time;
+shape once untimed first, so that walltimes exclude compile time (and, for
+γ = `AUTO`, the policy's cost measurement, which `Decoder.cost_models`
+keeps);
 `batch_arrays` pads a batch of tokenized inputs to a bucketed width;
 `row_spec_record` reads one row's acceptance counts from `SpecStats`;
 `measure_costs` times draft and target steps (`costs.measure`).
@@ -21,6 +23,9 @@ from spec_decode.core import verify
 from spec_decode.eval import settings as settings_lib
 
 _MIN_BUCKET = 8
+# The speculative "γ" of an auto-γ run: `sd.generate(gamma='auto')`, the
+# in-loop policy. Records and results are keyed by it as by an int γ.
+AUTO = 'auto'
 
 
 def tokenize(
@@ -185,7 +190,11 @@ class Decoder:
     target: the target model.
     draft: the draft (model or drafter).
     settings: the run's settings (sampling or beams, lengths, lenience,
-      dynamic γ).
+      dynamic γ, max_auto_gamma).
+    cost_models: the cost models the `AUTO` decodes used, in order, once
+      each: `{'key', 'path'` (the cost cache's entry), `'measured'`
+      (measured by one of this decoder's calls, else read from the cache),
+      `'iteration_seconds': {'γ': seconds of one loop iteration or None}}`.
   """
 
   def __init__(
@@ -203,15 +212,21 @@ class Decoder:
     self.settings = settings
     self._verifier = verify.ExactVerifier(lenience=settings.lenience)
     self._seen = set()
+    self.cost_models: list[dict[str, Any]] = []
+
+  def width(self, gamma: int | str) -> int:
+    """The most draft tokens an iteration at `gamma` proposes."""
+    return self.settings.max_auto_gamma if gamma == AUTO else int(gamma)
 
   def __call__(
     self,
     enc: np.ndarray,
     seeds: np.ndarray,
-    gamma: int | None = None,
+    gamma: int | str | None = None,
     timed: bool = True,
   ) -> tuple[Any, float]:
-    """Decodes a batch plainly (`gamma` None) or speculatively.
+    """Decodes a batch plainly (`gamma` None) or speculatively (an int or
+    `AUTO`).
 
     Returns:
       The `sd.generate` output and the seconds it took.
@@ -227,13 +242,34 @@ class Decoder:
         verifier=self._verifier,
         dynamic_gamma=s.dynamic_gamma or False,
       )
+      if gamma == AUTO:
+        kw['max_auto_gamma'] = s.max_auto_gamma
     key = (enc.shape, gamma)
     if timed and key not in self._seen:
-      sd.generate(self.target, enc, **kw)  # Warm-up: compile.
+      # Warm-up: compile (and for AUTO, measure or read the cost model).
+      self._note_costs(sd.generate(self.target, enc, **kw))
     self._seen.add(key)
     t0 = time.perf_counter()
     out = sd.generate(self.target, enc, **kw)
-    return out, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    self._note_costs(out)
+    return out, seconds
+
+  def _note_costs(self, out: Any) -> None:
+    """Keeps the cost model of an `AUTO` decode (`cost_models`)."""
+    choice = getattr(out, 'gamma_choice', None)
+    if not choice:
+      return
+    cache = choice['cost_cache']
+    model = {
+      'key': cache['key'],
+      'path': cache['path'],
+      'measured': bool(cache['measured']),
+      'iteration_seconds': {
+        str(g): s for g, s in choice['iteration_seconds'].items()
+      },
+    }
+    add_cost_model(self.cost_models, model)
 
   def _beam(
     self, enc: np.ndarray, timed: bool, gamma: int | None
@@ -277,6 +313,20 @@ class Decoder:
     )
 
 
+def add_cost_model(models: list[dict[str, Any]], model: dict[str, Any]) -> None:
+  """Appends `model` (as in `Decoder.cost_models`) to `models` unless one
+  with its cache key and seconds is there; that one is then `measured` if
+  either was."""
+  for known in models:
+    if (known['key'], known['iteration_seconds']) == (
+      model['key'],
+      model['iteration_seconds'],
+    ):
+      known['measured'] = known['measured'] or model['measured']
+      return
+  models.append(dict(model))
+
+
 def row_spec_record(
   stats: sd.SpecStats, r: int, tokens: list[int], gamma: int
 ) -> dict[str, Any]:
@@ -308,8 +358,15 @@ def row_spec_record(
   beta_sum = float(beta_sums[r]) if beta_sums is not None else alpha * tested
   # Beam search: its steps (`iterations` are its target calls).
   steps = getattr(stats, 'row_steps', None)
+  # gamma='auto': the row's iterations at each γ 0..G while it decoded.
+  by_gamma = getattr(stats, 'row_gamma_histogram', None)
   return {
     **({} if steps is None else {'steps': int(steps[r])}),
+    **(
+      {}
+      if by_gamma is None
+      else {'gamma_iterations': np.asarray(by_gamma[r]).tolist()}
+    ),
     'iterations': iterations,
     'accepted_histogram': hist.tolist(),
     'position_tries': tries.tolist(),

@@ -89,9 +89,8 @@ class Hosts:
     }
 
   def owns(self, i: int) -> bool:
-    """Whether this process feeds the example at position `i` of its
-    stream (evaluated examples count from 0, the calibration examples after
-    them from 0 again: `run._calibrate` batches them from there)."""
+    """Whether this process feeds the example at position `i` of the
+    run (batches are consecutive positions)."""
     return bool(self.mine[i % self.batch_size])
 
   def gather_examples(self, *columns: list[Any]) -> None:

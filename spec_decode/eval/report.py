@@ -13,6 +13,15 @@ alpha is the fraction of draft depths that covered every new live beam,
 and exact means equal beams, lengths and scores. The chain model's
 predictions (Theorem 3.8, E[tokens] / (γc + v)) stay in results.json but
 are not shown for them: c and v are a chain's costs.
+
+Auto-γ runs (`gamma='auto'`, records keyed `'auto'`): γ varies per
+iteration, so the predictions are those of the schedule the policy ran,
+over the rows' iterations: E[tokens] is the mean of E(α, γ) (E(α, 0) = 1),
+γ the mean γ and v the mean v(γ + 1) (v(1) = 1: a γ-0 iteration is a
+plain step), in the fixed-γ formulas. The report adds the batches'
+iterations at each γ and the policy's cost models. The acceptance counts
+follow the schedule, which follows the measured costs: two runs agree
+when their cost model does (the disk cache makes that the default).
 """
 
 import math
@@ -44,8 +53,8 @@ TIMING_KEYS = frozenset(
     'seconds',
     'tokens_per_second',
     'plain_tokens_per_second',
-    'calibration',
-    'predicted_improvement',
+    'cost_models',
+    'mean_v',
   }
 )
 
@@ -59,8 +68,41 @@ def _batch_groups(records, batch_size):
   return list(groups.values())
 
 
+def _schedule(records, key, batch_size, alpha, v_of_k):
+  """An auto-γ decode's γ schedule and the means the predictions use
+  (`v_of_k` needs v(γ + 1) of the γs the rows ran).
+
+  Returns:
+    `{'max_gamma', 'gamma_iterations'` (`[G + 1]` the batches' iterations
+    at each γ: each batch's longest row saw all of them), `'mean_gamma'`,
+    `'mean_v'`, `'mean_expected_tokens'` (over the rows' iterations)}.
+  """
+  rows = np.array(
+    [rec['speculative'][key]['gamma_iterations'] for rec in records],
+    np.float64,
+  )  # [N, G + 1]
+  gammas = np.arange(rows.shape[1])
+  per_gamma = rows.sum(0)
+  n = max(per_gamma.sum(), 1.0)
+  batches = np.zeros(rows.shape[1], np.int64)
+  for group in _batch_groups(records, batch_size):
+    longest = max(group, key=lambda rec: rec['speculative'][key]['iterations'])
+    batches += np.asarray(longest['speculative'][key]['gamma_iterations'])
+  expected = [float(theory.expected_tokens(alpha, int(g))) for g in gammas]
+  return {
+    'max_gamma': int(gammas[-1]),
+    'gamma_iterations': batches.tolist(),
+    'mean_gamma': float(per_gamma @ gammas / n),
+    'mean_v': float(
+      sum(per_gamma[g] * v_of_k[g + 1] for g in gammas if per_gamma[g]) / n
+    ),
+    'mean_expected_tokens': float(per_gamma @ expected / n),
+  }
+
+
 def _gamma_results(records, gamma, batch_size, score, costs, plain):
-  """Acceptance, calls, quality, timings and predictions of one γ."""
+  """Acceptance, calls, quality, timings and predictions of one γ (an int,
+  or `'auto'`: the schedule's means, `_schedule`)."""
   key = str(gamma)
   specs = [rec['speculative'][key] for rec in records]
   hist = np.sum([s['accepted_histogram'] for s in specs], axis=0)
@@ -77,7 +119,16 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
   iterations = sum(s['iterations'] for s in specs)
   seconds = sum(s['seconds'] for s in specs)
   c = costs['c']
-  v = costs['v_of_k'][gamma + 1]
+  auto = {}
+  if key == 'auto':
+    auto = _schedule(records, key, batch_size, alpha, costs['v_of_k'])
+    mean_gamma, v = auto['mean_gamma'], auto['mean_v']
+    expected = auto.pop('mean_expected_tokens')
+    draft_calls = int(np.arange(len(hist)) @ auto['gamma_iterations'])
+  else:
+    mean_gamma, v = gamma, costs['v_of_k'][gamma + 1]
+    expected = float(theory.expected_tokens(alpha, gamma))
+    draft_calls = gamma * target_calls
   values, _ = score([s['text'] for s in specs], [s['tokens'] for s in specs])
   quality = {
     name: {'plain': plain['quality'][name], 'speculative': value}
@@ -91,6 +142,7 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
     beam = {'steps': steps, 'steps_per_call': steps / max(iterations, 1)}
   return {
     **beam,
+    **auto,
     'gamma': gamma,
     'exact_match_fraction': exact / len(specs),
     'exact_match_count': exact,
@@ -98,13 +150,13 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
     'accepted_histogram': hist.tolist(),
     'per_position_acceptance': (accepts / np.maximum(tries, 1)).tolist(),
     'target_calls': target_calls,
-    'draft_calls': gamma * target_calls,
+    'draft_calls': draft_calls,
     'mean_proposed': sum(
       s.get('proposed', gamma * s['iterations']) for s in specs
     )
     / max(iterations, 1),
     'tokens_per_call': tokens_per_call,
-    'expected_tokens_per_call': float(theory.expected_tokens(alpha, gamma)),
+    'expected_tokens_per_call': expected,
     'output_tokens': tokens,
     'quality': quality,
     'c': c,
@@ -112,11 +164,9 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
     'seconds': seconds,
     'tokens_per_second': tokens / max(seconds, 1e-12),
     'speedup_measured': plain['seconds'] / max(seconds, 1e-12),
-    'speedup_predicted': float(theory.walltime_improvement(alpha, gamma, c, v)),
-    'speedup_predicted_theorem38': float(
-      theory.walltime_improvement(alpha, gamma, c)
-    ),
-    'speedup_predicted_from_tokens': tokens_per_call / (gamma * c + v),
+    'speedup_predicted': expected / (mean_gamma * c + v),
+    'speedup_predicted_theorem38': expected / (mean_gamma * c + 1.0),
+    'speedup_predicted_from_tokens': tokens_per_call / (mean_gamma * c + v),
   }
 
 
@@ -242,15 +292,8 @@ def summary_markdown(r: dict[str, Any]) -> str:
   ]
   if r.get('mesh'):
     lines += [_mesh_line(r), '']
-  if r.get('gamma_choice'):
-    ch = r['gamma_choice']
-    cal = ch['calibration']
-    lines += [
-      f'gamma = auto: chose {ch["gamma"]} from a calibration on '
-      f'{cal["examples"]} examples (alpha {_f(ch["alpha"], 3)}, c '
-      f'{_f(cal["c"], 3)}, predicted {_f(cal["predicted_improvement"])}x).',
-      '',
-    ]
+  if r['gamma'] == 'auto':
+    lines += _auto_lines(r)
   rows = r['sweep'] or [r]
   lines += [
     '| task | draft | temp | γ | α | c | v | Exp (Thm 3.8) '
@@ -259,7 +302,7 @@ def summary_markdown(r: dict[str, Any]) -> str:
   ]
   for s in rows:
     lines.append(
-      f'| {r["task"]} | {r["draft"]} | {r["temperature"]:g} | {s["gamma"]} | '
+      f'| {r["task"]} | {r["draft"]} | {r["temperature"]:g} | {_gamma(s)} | '
       f'{_f(s["alpha"])} | {_f(s["c"], 3)} | {_f(s["v"])} | '
       f'{_f(s["speedup_predicted_theorem38"])}x | '
       f'{_f(s["speedup_predicted"])}x | {_f(s["speedup_measured"])}x | '
@@ -274,7 +317,7 @@ def summary_markdown(r: dict[str, Any]) -> str:
   ]
   for s in rows:
     lines.append(
-      f'| {s["gamma"]} | {_f(s["tokens_per_call"])} | '
+      f'| {_gamma(s)} | {_f(s["tokens_per_call"])} | '
       f'{_f(s["expected_tokens_per_call"])} | {s["target_calls"]} '
       f'({r["plain_target_calls"]}) | {s["draft_calls"]} | '
       f'{_f(r["plain_tokens_per_second"], 1)} | '
@@ -282,8 +325,10 @@ def summary_markdown(r: dict[str, Any]) -> str:
     )
   lines += [
     '',
-    f'Accepted draft tokens per iteration (0..{r["gamma"]}), γ = '
-    f'{r["gamma"]}: {r["accepted_histogram"]}',
+    f'Accepted draft tokens per iteration (0..'
+    f'{r.get("max_gamma", r["gamma"])}), γ = {r["gamma"]}'
+    f'{" (drafting iterations)" if r["gamma"] == "auto" else ""}: '
+    f'{r["accepted_histogram"]}',
     'Per-position acceptance: '
     + ' '.join(_f(a) for a in r['per_position_acceptance']),
     f'Walltime (compile excluded): plain {_f(r["plain_seconds"])} s, '
@@ -300,6 +345,40 @@ def summary_markdown(r: dict[str, Any]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _gamma(s: dict[str, Any]) -> str:
+  """The γ column: the int, or auto with the mean γ of its iterations."""
+  if s['gamma'] == 'auto':
+    return f'auto (mean {_f(s["mean_gamma"])})'
+  return str(s['gamma'])
+
+
+def _auto_lines(r: dict[str, Any]) -> list[str]:
+  """What the auto-γ policy did and the cost model(s) it used."""
+  g_max = r['max_gamma']
+  lines = [
+    f"gamma = auto: the goodput policy chose each iteration's γ in "
+    f'0..{g_max} inside the loop (no calibration decode); iterations per '
+    f'γ 0..{g_max}, summed over batches: {r["gamma_iterations"]}; mean γ '
+    f"{_f(r['mean_gamma'])} over the rows' iterations (the predictions "
+    "are the schedule's).",
+  ]
+  for model in (r.get('gamma_policy') or {}).get('cost_models', []):
+    ms = ', '.join(
+      '-' if x is None else _f(x * 1e3, 3)
+      for x in model['iteration_seconds'].values()
+    )
+    source = (
+      'measured by this run'
+      if model['measured']
+      else 'read from the cost cache (measured earlier)'
+    )
+    lines.append(
+      f'Cost model {model["key"]}: ms per loop iteration at γ 0..{g_max}: '
+      f'{ms}; {source}; cache file {model["path"]}.'
+    )
+  return lines + ['']
+
+
 def _quality_lines(
   r: dict[str, Any], rows: list[dict[str, Any]], plain: str
 ) -> list[str]:
@@ -307,7 +386,7 @@ def _quality_lines(
   lines = [
     '',
     f'| metric | {plain} | '
-    + ' | '.join(f'speculative γ={s["gamma"]}' for s in rows)
+    + ' | '.join(f'speculative γ={_gamma(s)}' for s in rows)
     + ' |',
     '|---|---|' + '---|' * len(rows),
   ]
@@ -398,11 +477,12 @@ def write_plots(r: dict[str, Any], output_dir: str) -> None:
   beam = r.get('decode_method') == 'beam'
   hist = np.asarray(r['accepted_histogram'], np.float64)
   g, a = r['gamma'], r['alpha']
-  n = np.arange(g + 1)
-  iid = np.where(n < g, a**n * (1 - a), a**g)
+  n = np.arange(len(hist))
   fig, ax = plt.subplots(figsize=(5, 3.5))
   ax.bar(n, hist / max(hist.sum(), 1), label='measured')
-  ax.plot(n, iid, 'ko--', label=f'iid α = {a:.2f}')
+  if g != 'auto':  # The iid curve is a fixed γ's; auto mixes γs.
+    iid = np.where(n < g, a**n * (1 - a), a**g)
+    ax.plot(n, iid, 'ko--', label=f'iid α = {a:.2f}')
   if beam:
     ax.set_xlabel('draft depths covered per target call')
     ax.set_ylabel('fraction of target calls')

@@ -25,8 +25,14 @@ loads or compiles. One run:
 
 `gamma` is an int, a list of ints (a sweep: every γ is decoded and speedup
 against γ is plotted; the top-level fields describe the first γ), or
-`'auto'` (a calibration pass on a few batches measures α, c and v(k) and
-`theory.choose_gamma` picks γ; the choice is reported).
+`'auto'`: the speculative side is `sd.generate(gamma='auto')`, whose
+goodput policy picks each iteration's γ in {0, ..., max_auto_gamma} inside
+the compiled loop from the rows' running acceptance and a cost model
+measured once and cached on disk (`core/gamma_policy.py`,
+`core/auto_gamma.py`). Nothing is decoded to choose γ and the policy never
+sees the draws it decodes with. Its records are keyed `'auto'`; the report
+gives the iterations run at each γ and the cost model(s) used (run_state.json
+keeps them, so a resumed run reports them too).
 
 Output directory (`eval/records.py`; the numbers and the report come from
 `eval/report.py`):
@@ -34,7 +40,7 @@ Output directory (`eval/records.py`; the numbers and the report come from
   summary.md             the Markdown report (also printed)
   examples.jsonl         one line per example: input, reference, plain and
                          speculative outputs, acceptance counts, timings
-  run_state.json         the run's settings (and an auto-γ choice)
+  run_state.json         the run's settings (and auto-γ's cost models)
   accepted_histogram.png, speedup_vs_gamma.png (sweeps)
   <task>-predict.jsonl-00000-of-00001
                          as T5X's infer writes them: per example `inputs`
@@ -60,7 +66,6 @@ from typing import Any
 
 import numpy as np
 
-from spec_decode import theory
 from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
 from spec_decode.eval import hosts as hosts_lib
@@ -126,12 +131,11 @@ def evaluate(
   draft_vocab = getattr(draft, 'vocabulary', None)
   vocab_lib.check_compatible(vocab, draft_vocab)
   hosts = hosts_lib.Hosts(target, draft, s.batch_size)
-  extra = s.calibration_batches * s.batch_size if s.gamma == 'auto' else 0
-  data = task_data.load(s, vocab, extra, hosts.owns)
+  data = task_data.load(s, vocab, hosts.owns)
   vocab_lib.check_compatible(data.vocabulary, draft_vocab)
   exs = data.examples
-  hosts.report_share(data.num_read, len(exs) + len(data.calibration_tokens))
-  lengths = hosts.agreed_lengths(data.token_lists + data.calibration_tokens)
+  hosts.report_share(data.num_read, len(exs))
+  lengths = hosts.agreed_lengths(data.token_lists)
   # Process 0 writes every example's text and scores them all.
   hosts.gather_examples(exs, data.features)
   identity = run_identity(s, len(exs), target, draft, data.vocabulary)
@@ -153,17 +157,14 @@ def evaluate(
   if not hosts.writer:  # Process 0 holds the earlier records.
     records = [None] * opened['done']
   decode = decoding.Decoder(target, draft, s)
+  auto = s.gamma == 'auto'
+  gammas = [decoding.AUTO] if auto else list(s.gamma)
 
-  if s.gamma == 'auto':
-    if 'gamma_choice' not in state:
-      state['gamma_choice'] = hosts.share(
-        _calibrate(decode, data, hosts, lengths)
-      )
-      if hosts.writer:
-        records_lib.save_state(output_dir, state)
-    gammas = [int(state['gamma_choice']['gamma'])]
-  else:
-    gammas = list(s.gamma)
+  def batch_done(done: int) -> None:
+    if auto and hosts.writer and _merge_cost_models(state, decode):
+      records_lib.save_state(output_dir, state)
+    if on_batch_done is not None:
+      on_batch_done(done)
 
   _run_batches(
     decode,
@@ -174,10 +175,14 @@ def evaluate(
     gammas,
     path if hosts.writer else None,
     progress and hosts.writer,
-    on_batch_done,
+    batch_done,
   )
 
-  costs = decode.costs([g + 1 for g in gammas], gammas[0])
+  # c and v(k) for the report's predictions; for 'auto', at the γs the
+  # policy ran (its own cost model is per loop iteration).
+  ran = hosts.share(_gammas_run(records) if auto and hosts.writer else None)
+  ks = [g + 1 for g in (ran if auto else gammas)]
+  costs = decode.costs(ks, max(ran or [1]) if auto else gammas[0])
   results = None
   if hosts.writer:
     results = report.results(
@@ -189,14 +194,8 @@ def evaluate(
       exact_algorithm=s.exact_algorithm,
       target=loading.describe(target, s.target_name),
       draft=loading.describe(draft, s.draft_name),
-      gamma_mode=(
-        'auto'
-        if 'gamma_choice' in state
-        else 'sweep'
-        if len(gammas) > 1
-        else 'fixed'
-      ),
-      gamma_choice=state.get('gamma_choice'),
+      gamma_mode='auto' if auto else 'sweep' if len(gammas) > 1 else 'fixed',
+      gamma_policy=state.get('gamma_policy') if auto else None,
       mesh=hosts.mesh,
       num_processes=hosts.count,
       memory=memory.decode_bytes(
@@ -205,7 +204,7 @@ def evaluate(
         s.batch_size,
         max(s.max_input_len, 1),
         s.max_decode_len,
-        max(gammas),
+        s.max_auto_gamma if auto else max(gammas),
       ),
     )
     summary = report.summary_markdown(results)
@@ -230,7 +229,9 @@ def run_identity(
   Every setting that changes a decoded token is in it (`s.reported()`:
   task, split, sampling, decode method and, for beam search, its beams and
   brevity penalty, lengths, seed, ...), so that a resumed directory never
-  mixes outputs of two settings.
+  mixes outputs of two settings. An auto-γ run adds its policy and
+  `max_auto_gamma` (a directory of the former calibrated auto-γ, which
+  lacks them, is refused rather than resumed).
   """
   identity = {
     **s.reported(),
@@ -240,6 +241,9 @@ def run_identity(
     'draft': loading.fingerprint(draft),
     'vocabulary': vocab.digest,
   }
+  if s.gamma == 'auto':
+    identity['gamma_policy'] = 'goodput'
+    identity['max_auto_gamma'] = s.max_auto_gamma
   return json.loads(json.dumps(identity))
 
 
@@ -298,7 +302,7 @@ def _run_batches(
         }
         for g, (out, secs) in specs.items():
           st = out.tokens[r, : out.lengths[r]].tolist()
-          row = decoding.row_spec_record(out.stats, r, st, g)
+          row = decoding.row_spec_record(out.stats, r, st, decode.width(g))
           rec['speculative'][str(g)] = dict(
             text=to_text(st),
             tokens=st,
@@ -326,48 +330,36 @@ def _run_batches(
     bar.close()
 
 
-def _calibrate(
-  decode: decoding.Decoder,
-  data: task_data.TaskData,
-  hosts: hosts_lib.Hosts,
-  lengths: np.ndarray,
-) -> dict[str, Any]:
-  """Auto-γ: α from a few speculative batches, c and v(k), then γ.
-
-  The calibration examples follow the evaluated ones in the split when the
-  split has them (else the first evaluated batches are reused); they only
-  choose γ and are not part of the results.
-  """
-  s = decode.settings
-  n_eval = len(data.token_lists)
-  token_lists = data.token_lists + data.calibration_tokens
-  if len(token_lists) > n_eval:
-    cal = decoding.batches(n_eval, len(token_lists), s.batch_size)
-  else:
-    cal = decoding.batches(0, n_eval, s.batch_size)
-  cal = cal[: s.calibration_batches]
-  beta_sum, tested = 0.0, 0
-  for indices in cal:
-    enc, seeds = hosts.batch(token_lists, lengths, indices, s)
-    out, _ = decode(enc, seeds, s.calibration_gamma, timed=False)
-    for r in range(len(indices)):
-      st = out.tokens[r, : out.lengths[r]].tolist()
-      row = decoding.row_spec_record(out.stats, r, st, s.calibration_gamma)
-      beta_sum += row['beta_sum']
-      tested += row['tested']
-  alpha = min(max(beta_sum / max(tested, 1), 0.0), 1.0)
-  costs = decode.costs(range(1, s.max_auto_gamma + 2), s.calibration_gamma)
-  choice = theory.choose_gamma(
-    alpha, costs['c'], costs['v_of_k'], max_gamma=s.max_auto_gamma
+def _gammas_run(records: list[dict[str, Any]]) -> list[int]:
+  """The γs an auto run's rows ran at least one iteration at."""
+  return sorted(
+    {
+      g
+      for rec in records
+      for g, n in enumerate(
+        rec['speculative'][decoding.AUTO]['gamma_iterations']
+      )
+      if n
+    }
   )
-  return {
-    'gamma': int(choice.gamma),
-    'alpha': alpha,
-    'calibration': {
-      'examples': sum(len(b) for b in cal),
-      'gamma': s.calibration_gamma,
-      'c': costs['c'],
-      'v_of_k': {str(k): v for k, v in costs['v_of_k'].items()},
-      'predicted_improvement': float(choice.improvement),
+
+
+def _merge_cost_models(state: dict[str, Any], decode: decoding.Decoder) -> bool:
+  """Adds the auto decodes' cost models to `state['gamma_policy']`.
+
+  A resumed run keeps the models of the part before (each says whether it
+  was measured or read from the cost cache); a model seen again is kept
+  once (`decoding.add_cost_model`). Returns whether `state` changed.
+  """
+  policy = state.setdefault(
+    'gamma_policy',
+    {
+      'policy': 'goodput',
+      'max_gamma': decode.settings.max_auto_gamma,
+      'cost_models': [],
     },
-  }
+  )
+  before = json.dumps(policy, sort_keys=True)
+  for model in decode.cost_models:
+    decoding.add_cost_model(policy['cost_models'], model)
+  return json.dumps(policy, sort_keys=True) != before

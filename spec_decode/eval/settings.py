@@ -236,8 +236,10 @@ class EvalSettings:
       each subtask of a seqio mixture.
     batch_size: rows per decode (the paper: 1).
     gamma: an int, a list of ints (a sweep: every γ is decoded; the
-      top-level results describe the first) or `'auto'` (calibrated);
-      stored as a tuple of distinct ints or `'auto'` (`parse_gamma`).
+      top-level results describe the first) or `'auto'` (the in-loop
+      goodput policy of `sd.generate(gamma='auto')`: each iteration picks
+      its γ in {0, ..., max_auto_gamma}); stored as a tuple of distinct
+      ints or `'auto'` (`parse_gamma`).
     temperature: >= 0; 0 is greedy.
     top_k: >= 0; 0 keeps every id.
     top_p: in (0, 1]; 1.0 keeps every id.
@@ -281,9 +283,7 @@ class EvalSettings:
     target_name: label of the target in the report (None: its size).
     draft_name: label of the draft in the report.
     timing_repeats: repeats of each step-time measurement (medians).
-    calibration_batches: batches decoded by the auto-γ calibration.
-    calibration_gamma: γ of the calibration decodes.
-    max_auto_gamma: the largest γ auto-γ considers.
+    max_auto_gamma: the largest γ `gamma='auto'` considers (>= 1).
   """
 
   task: str | None
@@ -304,8 +304,6 @@ class EvalSettings:
   target_name: str | None = None
   draft_name: str | None = None
   timing_repeats: int = 5
-  calibration_batches: int = 4
-  calibration_gamma: int = 4
   max_auto_gamma: int = 8
   task_feature_lengths: dict[str, int] | None = None
   mixture_or_task_module: str | Sequence[str] | None = None
@@ -366,10 +364,6 @@ class EvalSettings:
       'target_name': _text('target_name', self.target_name, True),
       'draft_name': _text('draft_name', self.draft_name, True),
       'timing_repeats': _int('timing_repeats', self.timing_repeats, 1),
-      'calibration_batches': _int(
-        'calibration_batches', self.calibration_batches, 1
-      ),
-      'calibration_gamma': _int('calibration_gamma', self.calibration_gamma, 1),
       'max_auto_gamma': _int('max_auto_gamma', self.max_auto_gamma, 1),
     }
     # Checked here, resolved by `method`: the field keeps what was given

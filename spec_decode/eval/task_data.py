@@ -1,8 +1,7 @@
 """A task split as an eval run uses it: from our readers or from seqio.
 
-`load(settings, vocabulary, extra)` returns a `TaskData`: the examples' text
-(for examples.jsonl), their encoder ids, the ids of up to `extra` examples
-after them (the auto-γ calibration), how output ids become text, how they
+`load(settings, vocabulary)` returns a `TaskData`: the examples' text (for
+examples.jsonl), their encoder ids, how output ids become text, how they
 are scored, and the rows of T5X's infer jsonl.
 
 Built-in tasks (`data/tasks.py`; no TensorFlow): `prefix + source` is
@@ -61,7 +60,6 @@ class TaskData:
       infer writes as `inputs`) and, for seqio, `'raw'` (the features the
       metrics read).
     token_lists: encoder ids per example (None: another process's).
-    calibration_tokens: encoder ids of the examples after those.
     decode: output ids -> text.
     score: see `Scorer` (reads `examples`, so only where they are all).
   """
@@ -72,16 +70,13 @@ class TaskData:
   examples: list[dict[str, str] | None]
   features: list[dict[str, Any] | None]
   token_lists: list[list[int] | None]
-  calibration_tokens: list[list[int] | None]
   decode: Callable[[list[int]], str]
   score: Scorer
 
   @property
   def num_read(self) -> int:
-    """How many examples (evaluated and calibration) this process read."""
-    return sum(t is not None for t in self.token_lists) + sum(
-      t is not None for t in self.calibration_tokens
-    )
+    """How many examples this process read."""
+    return sum(t is not None for t in self.token_lists)
 
   @property
   def subtasks(self) -> list[str]:
@@ -95,7 +90,6 @@ class TaskData:
 def load(
   settings: settings_lib.EvalSettings,
   vocabulary: vocab_lib.Vocabulary | None,
-  extra: int = 0,
   owns: Callable[[int], bool] | None = None,
 ) -> TaskData:
   """The settings' task split (see the module docstring).
@@ -103,10 +97,8 @@ def load(
   Args:
     settings: the run's settings (task, split, num_examples, lengths).
     vocabulary: the model's vocabulary (None: the model has none).
-    extra: examples to read after the evaluated ones, for calibration.
     owns: in a multi-process run, whether this process reads the example
-      at a position of the evaluated (or, from 0 again, the calibration)
-      examples (`hosts.Hosts.owns`); the others are None. None: all.
+      at a position (`hosts.Hosts.owns`); the others are None. None: all.
 
   Raises:
     ValueError: an unknown task, no vocabulary, a seqio task whose
@@ -117,24 +109,17 @@ def load(
     raise ValueError(seqio_data.unknown_task_message(settings.task))
   owns = owns or (lambda i: True)
   if source == seqio_data.SEQIO:
-    data = _seqio(settings, vocabulary, extra, owns)
+    data = _seqio(settings, vocabulary, owns)
   else:
-    data = _builtin(settings, vocabulary, extra, owns)
+    data = _builtin(settings, vocabulary, owns)
   if not data.examples:
     raise ValueError(f'{settings.task}/{settings.split} has no examples')
   return data
 
 
-def _limit(settings: settings_lib.EvalSettings, extra: int) -> int | None:
-  if settings.num_examples is None:
-    return None
-  return settings.num_examples + extra
-
-
 def _builtin(
   s: settings_lib.EvalSettings,
   vocab: vocab_lib.Vocabulary | None,
-  extra: int,
   owns: Callable[[int], bool],
 ) -> TaskData:
   if vocab is None:
@@ -142,11 +127,10 @@ def _builtin(
       'the target has no vocabulary; set EvalSettings.vocabulary'
     )
   task = tasks_lib.get_task(s.task, s.data_dir)
-  n = s.num_examples
   exs, features, tokens = [], [], []
-  pairs = itertools.islice(task.split_reader(s.split), _limit(s, extra))
+  pairs = itertools.islice(task.split_reader(s.split), s.num_examples)
   for i, (source, target) in enumerate(pairs):
-    if not owns(i if n is None or i < n else i - n):
+    if not owns(i):
       exs.append(None)
       features.append(None)
       tokens.append(None)
@@ -159,8 +143,7 @@ def _builtin(
       'targets_pretokenized': ex['targets'],
     }
     features.append({'subtask': s.task, 'pretokenized': pretokenized})
-  n = len(exs) if n is None else min(n, len(exs))
-  examples = exs[:n]
+  examples = exs
 
   def score(texts, _):
     references = [ex['targets'] for ex in examples]
@@ -171,9 +154,8 @@ def _builtin(
     metric=task.metric,
     vocabulary=vocab,
     examples=examples,
-    features=features[:n],
-    token_lists=tokens[:n],
-    calibration_tokens=tokens[n:],
+    features=features,
+    token_lists=tokens,
     decode=vocab.decode,
     score=score,
   )
@@ -182,7 +164,6 @@ def _builtin(
 def _seqio(
   s: settings_lib.EvalSettings,
   vocab: vocab_lib.Vocabulary | None,
-  extra: int,
   owns: Callable[[int], bool],
 ) -> TaskData:
   if s.data_dir:
@@ -192,27 +173,17 @@ def _seqio(
     vocab = task.model_vocabulary()
   task.check_vocabulary(vocab)
   lengths = {'inputs': s.max_input_len, 'targets': s.max_decode_len}
-  # The first num_examples of each (sub)task are evaluated; the rest of
-  # what was read calibrates auto γ. `keep` is asked in reading order.
-  per_task: dict[str, int] = {}
-  counts = {'evaluated': 0, 'rest': 0}
+  # The first num_examples of each (sub)task; `keep` is asked in reading
+  # order, so its count is the example's position in the run.
+  read = {'count': 0}
 
-  def keep(subtask: str, _: int) -> bool:
-    per_task[subtask] = per_task.get(subtask, 0) + 1
-    evaluated = s.num_examples is None or per_task[subtask] <= s.num_examples
-    kind = 'evaluated' if evaluated else 'rest'
-    counts[kind] += 1
-    return owns(counts[kind] - 1)
+  def keep(_: str, __: int) -> bool:
+    read['count'] += 1
+    return owns(read['count'] - 1)
 
-  everything = task.read_share(s.split, lengths, _limit(s, extra), keep)
-  per_task.clear()
-  exs, rest = [], []
-  for subtask, ex in everything:
-    per_task[subtask] = per_task.get(subtask, 0) + 1
-    if s.num_examples is None or per_task[subtask] <= s.num_examples:
-      exs.append(ex)
-    else:
-      rest.append(ex)
+  exs = [
+    ex for _, ex in task.read_share(s.split, lengths, s.num_examples, keep)
+  ]
   examples = [
     None if ex is None else {'inputs': ex.inputs, 'targets': ex.targets}
     for ex in exs
@@ -245,7 +216,6 @@ def _seqio(
     examples=examples,
     features=features,
     token_lists=[None if ex is None else ex.input_tokens for ex in exs],
-    calibration_tokens=[None if ex is None else ex.input_tokens for ex in rest],
     decode=task.decode,
     score=score,
   )
