@@ -104,3 +104,24 @@ class TreeLanguageModel(LanguageModel, Protocol):
     """Commits a path: scratch slot `index + slots[b, j]` becomes input
     `index + j` for `j < count[b]`; the index advances by `count [B]`."""
     ...
+
+
+class ProjectingTreeModel(TreeLanguageModel, Protocol):
+  """A tree language model whose vocabulary projection can run apart.
+
+  Speculative beam search scores many tree nodes per call but reads only
+  K of them per replayed step; with this it projects just those (on a CPU
+  the projection of a 32k vocabulary is most of a small model's work).
+  Optional: without it the tree call's logits are used.
+  """
+
+  def score_tree_with_features(
+    self, state: DecodeState, tokens: jax.Array, attention: Any
+  ) -> tuple[jax.Array, jax.Array, DecodeState]:
+    """`score_tree`, plus the final hidden states `[B, T, D]` float32."""
+    ...
+
+  def project(self, features: jax.Array) -> jax.Array:
+    """Logits `[..., V]` float32 of hidden states `[..., D]`: equal to the
+    logits the scoring call gave them (up to float rounding)."""
+    ...

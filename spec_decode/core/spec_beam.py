@@ -91,6 +91,12 @@ def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, idx, axis=1)
 
 
+def _projects(lm: Any, scoring: str) -> bool:
+  """Whether `lm` has `scoring` (returning hidden states too) and `project`
+  (`protocol.ProjectingTreeModel`): then only the logits read are made."""
+  return all(callable(getattr(lm, n, None)) for n in (scoring, 'project'))
+
+
 def _draft_trees(draft, state, start, beams, layout, eos_id):
   """Every live beam's draft tree (`beam_trees.grow`).
 
@@ -110,10 +116,16 @@ def _draft_trees(draft, state, start, beams, layout, eos_id):
     lambda seqs, s: lax.dynamic_slice_in_dim(seqs, s, chunk_len, axis=1)
   )(padded, start)
   ds = draft.rollback(state, jnp.repeat(start, k))
-  logits, ds = draft.score(ds, chunk.reshape(batch * k, chunk_len))
-  root = jnp.take_along_axis(
-    logits, jnp.repeat(step - start, k)[:, None, None], axis=1
-  )[:, 0]
+  at_root = jnp.repeat(step - start, k)[:, None, None]
+  if _projects(draft, 'score_with_features'):
+    # Only the root's logits are read: project that position alone.
+    _, feats, ds = draft.score_with_features(
+      ds, chunk.reshape(batch * k, chunk_len)
+    )
+    root = draft.project(jnp.take_along_axis(feats, at_root, axis=1)[:, 0])
+  else:
+    logits, ds = draft.score(ds, chunk.reshape(batch * k, chunk_len))
+    root = jnp.take_along_axis(logits, at_root, axis=1)[:, 0]
   kept = draft.rollback(ds, jnp.repeat(step, k))
   ds = draft.rollback(ds, jnp.repeat(step + 1, k))
   return beam_trees.grow(draft, ds, root, layout, eos_id), kept
@@ -148,12 +160,13 @@ class _Replay:
   tried: jax.Array
 
 
-def _replay(beams, done, logits, trees, settings, gamma, children):
+def _replay(beams, done, node_logits, trees, settings, gamma, children):
   """Plain beam search's steps on the target's tree log-probs.
 
-  A step reads each live beam's node in its origin's tree (`logits [B, K,
-  N + 1, V]`: model row of the origin, node); a row goes on while every
-  new live beam is a child node of the node its parent read.
+  A step reads each live beam's node in its origin's tree (`node_logits(
+  origin [B, K], node [B, K])` -> `[B, K, V]`: the target's logits there);
+  a row goes on while every new live beam is a child node of the node its
+  parent read.
 
   Returns:
     beams, done, origin `[B, K]`, path `[B, K, G + 1]`, count `[B]` and
@@ -167,7 +180,7 @@ def _replay(beams, done, logits, trees, settings, gamma, children):
 
   def body(r: _Replay) -> _Replay:
     d = r.depth
-    log_probs = jax.nn.log_softmax(logits[bidx, r.origin, r.node], axis=-1)
+    log_probs = jax.nn.log_softmax(node_logits(r.origin, r.node), axis=-1)
     new, par = beam_rules.step(
       r.beams, log_probs, settings.alpha, settings.eos_id, r.replaying
     )
@@ -241,6 +254,7 @@ def spec_beam_decode(
   m = settings.max_decode_len
   size = layout.num_nodes + 1
   group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
+  projects = _projects(target, 'score_tree_with_features')
 
   def repeat(state):
     return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
@@ -256,13 +270,27 @@ def spec_beam_decode(
       positions=layout.depths, mask=trees.mask
     )
     tgt = target.rollback(s.target, jnp.repeat(step, k))
-    logits, tgt = target.score_tree(tgt, nodes, attention)
-    logits = logits.reshape(batch, k, size, -1)
+    bidx = jnp.arange(batch)[:, None]
+    if projects:
+      # Hidden states only: a replayed step projects the K nodes it reads.
+      _, feats, tgt = target.score_tree_with_features(tgt, nodes, attention)
+      feats = feats.reshape(batch, k, size, -1)
+
+      def node_logits(origin, node):
+        return target.project(feats[bidx, origin, node])
+
+    else:
+      logits, tgt = target.score_tree(tgt, nodes, attention)
+      logits = logits.reshape(batch, k, size, -1)
+
+      def node_logits(origin, node):
+        return logits[bidx, origin, node]
+
     per_beam = jax.tree.map(
       lambda x: x.reshape((batch, k) + x.shape[1:]), trees
     )
     b, done, origin, path, count, tried = _replay(
-      b, s.done, logits, per_beam, settings, g, layout.children
+      b, s.done, node_logits, per_beam, settings, g, layout.children
     )
     active = (~s.done).astype(jnp.int32)
     rows = (group + origin).reshape(-1)

@@ -376,6 +376,17 @@ class Model:
     )
     return logits, features, self._constrain(state.replace(cache=cache))
 
+  def project(self, features: jax.Array) -> jax.Array:
+    """Logits `[..., V]` float32 of final hidden states `[..., D]` (as
+    `score_with_features` returns them): the vocabulary projection alone,
+    in the activation dtype, so `project(features)` recomputes the logits
+    the scoring call gave them."""
+    return self.module.apply(
+      self._decode_variables(),
+      features.astype(self.config.dtype),
+      method=network.Transformer.project,
+    ).astype(jnp.float32)
+
   def commit_tree(
     self, state: T5DecodeState, slots: jax.Array, count: jax.Array
   ) -> T5DecodeState:

@@ -407,6 +407,15 @@ class Decoder(nn.Module):
         cfg, cfg.vocab_size, ('embed', 'vocab'), dtype=jnp.float32
       )
 
+  def project(self, x: jax.Array) -> jax.Array:
+    """Final hidden states `[..., D]` (after the final norm) -> logits."""
+    cfg = self.config
+    if cfg.logits_via_embedding:
+      return self.shared_embedding.attend(x) / jnp.sqrt(
+        jnp.float32(cfg.emb_dim)
+      )
+    return self.logits_dense(x)
+
   def precompute_cross_attention(self, encoded, encoder_tokens):
     kv = [layer.cross_kv(encoded) for layer in self.layers]
     return CrossAttentionKV(
@@ -442,7 +451,6 @@ class Decoder(nn.Module):
       final hidden state (after the final norm, before the vocabulary
       projection and the tied-logits scaling) that produced `logits`.
     """
-    cfg = self.config
     b, t = tokens.shape
     if cache is None:
       q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -479,12 +487,7 @@ class Decoder(nn.Module):
       new_k.append(k)
       new_v.append(v)
     x = _dropout(self, self.decoder_norm(x), deterministic)
-    if cfg.logits_via_embedding:
-      logits = self.shared_embedding.attend(x) / jnp.sqrt(
-        jnp.float32(cfg.emb_dim)
-      )
-    else:
-      logits = self.logits_dense(x)
+    logits = self.project(x)
     new_cache = None
     if cache is not None:
       new_cache = cache_lib.KVCache(
@@ -528,6 +531,10 @@ class Transformer(nn.Module):
     return self.decoder(
       tokens, cross, cache, deterministic, return_features, tree
     )
+
+  def project(self, features: jax.Array) -> jax.Array:
+    """See `Decoder.project`."""
+    return self.decoder.project(features)
 
   def __call__(
     self,
