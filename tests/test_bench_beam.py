@@ -18,6 +18,7 @@ from conftest import tiny_config
 
 import spec_decode as sd
 from spec_decode.bench import beam
+from spec_decode.bench import controlled_beam
 
 K, GAMMA, M = 2, 2, 10
 
@@ -34,7 +35,7 @@ def models():
 @pytest.fixture(scope='module')
 def recorded(models):
   target, _, enc = models
-  traj, tokens = beam.trajectory(target, enc, K, 0.6, M)
+  traj, tokens = controlled_beam.trajectory(target, enc, K, 0.6, M)
   return traj, tokens, sd.beam_search(target, enc, K, 0.6, max_decode_len=M)
 
 
@@ -56,7 +57,7 @@ def test_trajectory_is_plain_beam_search(recorded):
 def _controlled(models, recorded, alpha):
   target, draft, enc = models
   traj, _, plain = recorded
-  cd = beam.ControlledBeamDraft(
+  cd = controlled_beam.ControlledBeamDraft(
     inner=draft, traj=traj, alpha=jnp.float32(alpha), key=jax.random.key(0)
   )
   out = sd.beam_search(
@@ -82,7 +83,7 @@ def test_alpha_one_commits_gamma_plus_one_steps(models, recorded):
   # call more (its children are proposed after both), at most one each.
   full = -(-plain.steps // (GAMMA + 1))
   assert (out.calls >= full).all()
-  shared = beam.shared_last_fraction(traj)
+  shared = controlled_beam.shared_last_fraction(traj)
   extra = int(np.ceil(shared * plain.steps.sum())) + 1
   assert out.calls.sum() <= full.sum() + extra, (out.calls, full, shared)
   assert out.steps_per_call > 2.0
@@ -101,14 +102,14 @@ def test_shared_last_fraction_counts_steps_with_equal_last_tokens():
   valid = np.zeros((1, m + 2, 2), bool)
   nxt[0, 1], nxt[0, 2], nxt[0, 3] = [5, 5], [6, 7], [8, 9]
   valid[0, 1:4] = True
-  traj = beam.Trajectory(
+  traj = controlled_beam.Trajectory(
     prev=jnp.zeros_like(nxt), next=nxt, valid=valid, steps=jnp.array([3])
   )
   # Parents at steps 1 and 2 (children at 2 and 3): one of two shared.
-  assert beam.shared_last_fraction(traj) == 0.5
+  assert controlled_beam.shared_last_fraction(traj) == 0.5
   nxt[0, 1] = [5, 4]
   traj = traj.replace(next=nxt)
-  assert beam.shared_last_fraction(traj) == 0.0
+  assert controlled_beam.shared_last_fraction(traj) == 0.0
 
 
 def test_markdown_table_has_a_row_per_setting(models, recorded):
@@ -128,7 +129,7 @@ def test_rank_coverage(models):
   target, draft, enc = models
   k = 3
   seqs, live, steps, _ = jax.device_get(
-    beam.live_sequences(target, jnp.asarray(enc), k, 0.6, M)
+    controlled_beam.live_sequences(target, jnp.asarray(enc), k, 0.6, M)
   )
   rows = beam_coverage.coverage_rows(
     target, target, enc, (seqs, live, steps), children=(1, 2, 3)
