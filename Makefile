@@ -26,9 +26,15 @@ $(STAMP): setup.py
 # multi-process eval runs, minutes on two cores); `slow` tests are the
 # heavier variants of properties that `make test` checks in a fast variant
 # (other samplers, measured costs, the end-to-end CLI run). `make test`
-# leaves both out; `make test-slow` runs exactly them.
+# leaves both out; `make test-slow` runs exactly them. `make test` spreads
+# the test files over up to TEST_WORKERS processes (pytest-xdist, one file
+# per process at a time: a file's compiled models stay shared); the suite
+# is mostly single-threaded XLA compiling, so 2 cores take about half the
+# time of one process. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 4
 test: install
-	$(PY) -m pytest -q -m "not multiprocess and not slow" tests
+	$(PY) -m pytest -q -m "not multiprocess and not slow" \
+	  $(if $(filter 0,$(TEST_WORKERS)),,-n auto --maxprocesses=$(TEST_WORKERS) --dist loadfile) tests
 
 test-slow: install
 	$(PY) -m pytest -q -m "slow or multiprocess" tests

@@ -33,6 +33,8 @@ _CORE = [
 _EXTRAS = {
     'test': [
         'pytest>=8',
+        # make test runs the test files on several processes (-n).
+        'pytest-xdist>=3.5',
         'scipy>=1.11',
         'ruff>=0.6',
         'nbclient>=0.10',

@@ -240,6 +240,7 @@ def test_an_accept_all_verifier_fails_the_zero_probability_check(tables):
   assert not any(c.passed for c in report.checks if 'greedy' in c.name)
 
 
+@pytest.mark.optimized
 def test_works_at_t5_vocabulary_size():
   """V = 32128 with a user's own protocol class: the enumeration expands
   only probable prefixes and the PIT needs none. A correct pair passes;
