@@ -225,6 +225,26 @@ def iteration_seconds(
     now.
   """
   desc = describe(target, draft, settings, encoder_tokens.shape[0])
+  return cached_seconds(
+    desc,
+    lambda: measure(target, draft, encoder_tokens, settings),
+    use_disk,
+  )
+
+
+def cached_seconds(
+  description: dict[str, Any], measure_fn, use_disk: bool = True
+) -> tuple[list[float], dict[str, Any]]:
+  """`measure_fn()`'s list of seconds, cached under `description`.
+
+  In memory, and (with `use_disk`) as `cache_dir()/<key>.json` holding the
+  description too: an entry whose description differs, or that cannot be
+  read, is measured again and rewritten (atomically).
+
+  Returns:
+    the seconds (`inf` kept), and `{'key', 'path', 'measured'}`.
+  """
+  desc = description
   key = cache_key(desc)
   path = os.path.join(cache_dir(), key + '.json') if use_disk else None
   info = {'key': key, 'path': path, 'measured': False}
@@ -241,7 +261,7 @@ def iteration_seconds(
         return list(_memory[key]), info
     except (OSError, ValueError, KeyError):
       pass  # An unreadable entry is measured again and rewritten.
-  seconds = measure(target, draft, encoder_tokens, settings)
+  seconds = [float(x) for x in measure_fn()]
   _memory[key] = seconds
   info['measured'] = True
   if path is not None:
@@ -251,4 +271,4 @@ def iteration_seconds(
       finite = [s if math.isfinite(s) else None for s in seconds]
       json.dump({'description': desc, 'seconds': finite}, f, indent=1)
     os.replace(tmp, path)
-  return seconds, info
+  return list(seconds), info

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from spec_decode.core import auto_beam
+from spec_decode.core import beam_policy
 from spec_decode.core import beam_rules
 from spec_decode.core import beam_trees
 from spec_decode.core import placement
@@ -37,6 +39,8 @@ _INTS = (int, np.integer)
 # kept node with 2 children per level was fastest or near it at K = 1, 2, 4.
 DRAFT_BEAMS = 1
 DRAFT_CHILDREN = 2
+# Tree depth of `gamma='auto'`'s speculative calls (`max_auto_gamma`).
+AUTO_GAMMA = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +95,8 @@ class BeamSearchOutput:
     steps: `[B] int32` beam-search steps each row took.
     calls: `[B] int32` target calls each row took (= steps in plain beam
       search; speculative beam search commits 1 .. gamma + 1 steps per
-      call).
+      call; with gamma='auto' the plain steps are calls too, and the
+      speculative calls are `histogram.sum(1)`).
     histogram: speculative beam search: `[B, gamma + 1] int32` target
       calls that committed 1 + a steps, a = 0..gamma (a: the draft depths
       covered); None for plain beam search.
@@ -102,6 +107,8 @@ class BeamSearchOutput:
     tree_nodes: speculative beam search: draft nodes per beam's tree (a
       target call scores K * (1 + tree_nodes) tokens per row); None for
       plain beam search.
+    iteration_seconds: gamma='auto': the measured seconds of a plain step
+      and of a speculative call that the policy compared; else None.
   """
 
   tokens: np.ndarray
@@ -112,6 +119,7 @@ class BeamSearchOutput:
   histogram: np.ndarray | None = None
   depth_tries: np.ndarray | None = None
   tree_nodes: int | None = None
+  iteration_seconds: list[float] | None = None
 
   @property
   def steps_per_call(self) -> float:
@@ -196,10 +204,11 @@ def beam_search(
   alpha: float = 0.6,
   max_decode_len: int = 64,
   draft: Any = None,
-  gamma: int = 4,
+  gamma: int | str = 4,
   eos_id: int = EOS_ID,
   draft_beams: int | None = None,
   draft_children: int | None = None,
+  max_auto_gamma: int = AUTO_GAMMA,
 ) -> BeamSearchOutput:
   """Beam search with T5X's rules (`t5x.decoding.beam_search`).
 
@@ -226,7 +235,13 @@ def beam_search(
       near-ties). Both models must score token trees
       (`protocol.TreeLanguageModel`).
     gamma: draft tree depth, at most gamma + 1 steps per target call (an
-      int >= 1; unused without a draft).
+      int >= 1; unused without a draft), or 'auto': each iteration is
+      either one plain step or a speculative call with trees of depth
+      `max_auto_gamma`, whichever is expected to take more steps per
+      second, from the running steps per call and the two kinds' measured
+      costs (`core/beam_policy.py`; measured once per shape and cached,
+      `core/auto_beam.py`). Where speculation does not pay it decodes
+      plainly, probing now and then; the beams are the same either way.
     eos_id: end-of-sequence id.
     draft_beams: W >= 1, nodes of each level of a beam's tree that get
       children (the draft's W best paths; None: `DRAFT_BEAMS`).
@@ -235,6 +250,8 @@ def beam_search(
       c + (gamma - 1) * W * c nodes (fewer where a level has fewer than W);
       W >= K and c >= K cover every step when the draft agrees with the
       target.
+    max_auto_gamma: the tree depth of `gamma='auto'`'s speculative calls
+      (an int >= 1).
 
   Sharded models (`partitioner=`) decode sharded, as in `generate`: the
   rows go on the `data` axis (padded with copies of the last row).
@@ -248,6 +265,11 @@ def beam_search(
   """
   num_beams = _check_int('num_beams', num_beams, 1)
   max_decode_len = _check_int('max_decode_len', max_decode_len, 1)
+  auto = isinstance(gamma, str) and gamma == 'auto'
+  if auto:
+    gamma = _check_int('max_auto_gamma', max_auto_gamma, 1)
+  elif isinstance(gamma, str):
+    raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
   _check_int('gamma', gamma, 1)
   layout = beam_trees.TreeLayout(
     gamma=int(gamma),
@@ -307,20 +329,30 @@ def beam_search(
     enc, _ = placement.sharded_inputs(mesh, tokens, keys)
   else:
     enc = jnp.asarray(tokens)
+  seconds = None
   if draft is None:
     out = beam_decode_jit(model, enc, settings=settings)
     out = out + (out[3], None, None)
   else:
+    policy = seconds = None
+    if auto:
+      seconds, _ = auto_beam.iteration_seconds(
+        model, draft, enc, settings, layout
+      )
+      policy = beam_policy.BeamPolicyInputs.create(seconds)
     out = spec_beam.spec_beam_decode_jit(
       model,
       draft,
       enc,
       settings=settings,
       layout=layout,
+      policy=policy,
     )
   out = [None if x is None else x[:batch] for x in placement.to_host(out)]
   tree_nodes = None if draft is None else layout.num_nodes
-  return BeamSearchOutput(*out, tree_nodes=tree_nodes)
+  return BeamSearchOutput(
+    *out, tree_nodes=tree_nodes, iteration_seconds=seconds
+  )
 
 
 def _check_draft(model: Any, draft: Any) -> None:

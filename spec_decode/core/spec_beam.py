@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from spec_decode.core import beam_policy
 from spec_decode.core import beam_rules
 from spec_decode.core import beam_trees
 from spec_decode.core.protocol import DecodeState
@@ -73,6 +74,11 @@ class SpecBeamState:
     depth_tries: `[B, G] int32` calls that checked draft depth d + 1 (a
       call that stops the row checks no further depth); the calls that
       covered it are `histogram[:, d + 1:].sum(1)`.
+    draft_rows: `[B * K] int32` the draft's row of each beam's model row
+      (plain steps, `gamma='auto'`, reorder the beams but not the draft's
+      state; the next speculative call gathers it; identity otherwise).
+    idle: `[]` plain steps in a row just before this iteration.
+    iteration: `[]` loop iterations so far.
   """
 
   beams: beam_rules.Beams
@@ -83,6 +89,20 @@ class SpecBeamState:
   calls: jax.Array
   histogram: jax.Array
   depth_tries: jax.Array
+  draft_rows: jax.Array
+  idle: jax.Array
+  iteration: jax.Array
+
+
+# Inputs the draft's catch-up holds beyond a speculative call's G + 2: the
+# plain steps `gamma='auto'` may take in a row.
+CATCH_UP = beam_policy.MAX_IDLE
+
+
+def follow(draft_rows: jax.Array, rows: jax.Array) -> jax.Array:
+  """The draft's row of each beam after a plain step reorders the beams
+  (new beam row i continues beam row `rows[i]`)."""
+  return jnp.take(draft_rows, rows)
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -97,19 +117,19 @@ def _projects(lm: Any, scoring: str) -> bool:
   return all(callable(getattr(lm, n, None)) for n in (scoring, 'project'))
 
 
-def _draft_trees(draft, state, start, beams, layout, eos_id):
+def _draft_trees(draft, state, start, beams, layout, eos_id, chunk_len):
   """Every live beam's draft tree (`beam_trees.grow`).
 
   The draft's row of a beam holds the beam's inputs before `start`; it
-  first feeds inputs `start .. step` (the steps the last call committed
-  and the root), padded to a static `G + 2` inputs.
+  first feeds inputs `start .. step` (the steps the last call committed,
+  or taken plainly since, and the root), padded to a static `chunk_len`
+  inputs (> step - start).
 
   Returns:
     The `BeamTrees` and the draft state rolled back to each beam's step
     (for the next iteration).
   """
   batch, k = beams.live_logprobs.shape
-  chunk_len = layout.gamma + 2
   step = beams.step
   padded = jnp.pad(beams.live_seqs, ((0, 0), (0, 0), (0, chunk_len)))
   chunk = jax.vmap(
@@ -234,6 +254,7 @@ def spec_beam_decode(
   encoder_tokens: jax.Array,
   settings: Any,
   layout: beam_trees.TreeLayout,
+  policy: beam_policy.BeamPolicyInputs | None = None,
 ):
   """Speculative beam search over `encoder_tokens [B, S]` (module doc).
 
@@ -243,11 +264,15 @@ def spec_beam_decode(
     encoder_tokens: `[B, S] int32`.
     settings: `beam_search.BeamSettings` (static).
     layout: the draft trees' sizes (static): G = `layout.gamma` levels.
+    policy: None: every iteration is a speculative call. Else
+      (`gamma='auto'`) each iteration is a plain step or a speculative call
+      as `beam_policy.speculate` decides from these run-time inputs.
 
   Returns:
     tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
-    steps `[B]`, target calls `[B]`, the histogram `[B, G + 1]` of steps
-    per call and the depth tries `[B, G]` (`SpecBeamState`).
+    steps `[B]`, target calls `[B]` (plain steps included), the histogram
+    `[B, G + 1]` of steps per speculative call and the depth tries `[B, G]`
+    (`SpecBeamState`).
   """
   batch = encoder_tokens.shape[0]
   k, g = settings.num_beams, layout.gamma
@@ -255,16 +280,27 @@ def spec_beam_decode(
   size = layout.num_nodes + 1
   group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
   projects = _projects(target, 'score_tree_with_features')
+  # With plain steps between speculative calls the draft catches up on up
+  # to MAX_IDLE more inputs, in a longer chunk (only when it must).
+  long_chunk = g + 2 + (0 if policy is None else CATCH_UP)
 
   def repeat(state):
     return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
 
-  def body(s: SpecBeamState) -> SpecBeamState:
+  def speculative(s: SpecBeamState) -> SpecBeamState:
     b = s.beams
     step = b.step
-    trees, draft_kept = _draft_trees(
-      draft, s.draft, s.start, b, layout, settings.eos_id
+    grow = lambda n: (
+      lambda ds: _draft_trees(  # noqa: E731
+        draft, ds, s.start, b, layout, settings.eos_id, n
+      )
     )
+    if policy is None:
+      trees, draft_kept = grow(g + 2)(s.draft)
+    else:
+      ds = reorder_rows(draft, s.draft, s.draft_rows)
+      short = jnp.all(step - s.start < g + 2)
+      trees, draft_kept = lax.cond(short, grow(g + 2), grow(long_chunk), ds)
     nodes = trees.tokens.at[:, 0].set(b.last_tokens().reshape(-1))
     attention = beam_trees.RowTreeAttention(
       positions=layout.depths, mask=trees.mask
@@ -298,7 +334,7 @@ def spec_beam_decode(
     tgt = target.commit_tree(
       tgt, path.reshape(batch * k, g + 1), jnp.repeat(count, k)
     )
-    return SpecBeamState(
+    return s.replace(
       beams=b,
       done=done,
       target=tgt,
@@ -308,7 +344,44 @@ def spec_beam_decode(
       histogram=s.histogram
       + jax.nn.one_hot(count - 1, g + 1, dtype=jnp.int32) * active[:, None],
       depth_tries=s.depth_tries + tried.astype(jnp.int32),
+      idle=jnp.zeros_like(s.idle),
     )
+
+  def plain(s: SpecBeamState) -> SpecBeamState:
+    """One step of `beam_search.beam_decode`'s loop; the draft waits."""
+    b = s.beams
+    tgt = target.rollback(s.target, jnp.repeat(b.step, k))
+    logits, tgt = target.score(tgt, b.last_tokens().reshape(batch * k, 1))
+    log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
+    new, parents = beam_rules.step(
+      b, log_probs.reshape(batch, k, -1), settings.alpha, settings.eos_id,
+      ~s.done,
+    )  # fmt: skip
+    rows = (group + parents).reshape(-1)
+    return s.replace(
+      beams=new,
+      done=s.done | beam_rules.stopped(new, settings.alpha),
+      target=reorder_rows(target, tgt, rows),
+      calls=s.calls + (~s.done).astype(jnp.int32),
+      draft_rows=follow(s.draft_rows, rows),
+      idle=s.idle + 1,
+    )
+
+  def body(s: SpecBeamState) -> SpecBeamState:
+    if policy is None:
+      s = speculative(s)
+    else:
+      spec = beam_policy.speculate(
+        s.histogram, ~s.done, policy, s.iteration, s.idle
+      )
+      s = lax.cond(spec, speculative, plain, s)
+    return s.replace(iteration=s.iteration + 1)
+
+  def cond(s: SpecBeamState) -> jax.Array:
+    going = jnp.any(~s.done)
+    if policy is not None:
+      going &= s.iteration < policy.max_iterations
+    return going
 
   beams = beam_rules.Beams.init(batch, k, m)
   s = SpecBeamState(
@@ -316,14 +389,17 @@ def spec_beam_decode(
     done=beam_rules.stopped(beams, settings.alpha),
     target=repeat(target.init_state(encoder_tokens, m + size + 1)),
     draft=repeat(
-      draft.init_state(encoder_tokens, m + g + 3 + layout.num_nodes)
+      draft.init_state(encoder_tokens, m + long_chunk + 1 + layout.num_nodes)
     ),
     start=jnp.zeros((batch,), jnp.int32),
     calls=jnp.zeros((batch,), jnp.int32),
     histogram=jnp.zeros((batch, g + 1), jnp.int32),
     depth_tries=jnp.zeros((batch, g), jnp.int32),
+    draft_rows=jnp.arange(batch * k, dtype=jnp.int32),
+    idle=jnp.zeros((), jnp.int32),
+    iteration=jnp.zeros((), jnp.int32),
   )
-  s = lax.while_loop(lambda s: jnp.any(~s.done), body, s)
+  s = lax.while_loop(cond, body, s)
   tokens, scores, lengths = beam_rules.outputs(s.beams, settings.eos_id)
   return (
     tokens,
