@@ -57,9 +57,9 @@ def test_choice_rule():
   assert spec(poor, (1.0, 1.1), idle=10)  # Period ceil(0.1 / 0.02) = 5.
   assert not spec(poor, (1.0, 1.1), idle=10, explore_cost=0.0)
   # Forced kinds win, except the cap on plain steps in a row.
-  assert spec(poor, (1.0, 2.0), forced=S)
-  assert not spec(hist, (1.0, 1.0), forced=P)
-  assert spec(hist, (1.0, 1.0), forced=P, idle=beam_policy.MAX_IDLE)
+  assert spec(poor, (1.0, 2.0), forced_gamma=S)
+  assert not spec(hist, (1.0, 1.0), forced_gamma=P)
+  assert spec(hist, (1.0, 1.0), forced_gamma=P, idle=beam_policy.MAX_IDLE)
 
 
 def _decode(target, draft, enc, k, gamma, schedule, m=12, **tree):
@@ -71,7 +71,7 @@ def _decode(target, draft, enc, k, gamma, schedule, m=12, **tree):
   )
   out = spec_beam.spec_beam_decode_jit(
     target, draft, jnp.asarray(enc), settings=settings, layout=layout,
-    policy=_inputs(forced=schedule),
+    policy=_inputs(forced_gamma=schedule),
   )  # fmt: skip
   names = ('tokens', 'scores', 'lengths', 'steps', 'calls', 'histogram')
   return dict(zip(names, map(np.asarray, out), strict=False))

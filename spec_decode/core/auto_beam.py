@@ -52,7 +52,7 @@ def measure(
 
   def run(kind: int, limit: int):
     policy = beam_policy.BeamPolicyInputs.create(
-      np.ones(2), forced=kind, max_iterations=limit
+      np.ones(2), forced_gamma=kind, max_iterations=limit
     )
     out = spec_beam.spec_beam_decode_jit(
       target, draft, encoder_tokens, settings=settings, layout=layout,

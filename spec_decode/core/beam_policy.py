@@ -28,7 +28,6 @@ iteration apply `beam_rules.step` to the target's own log-probs, so any
 schedule returns plain beam search's beams (the policy only moves time).
 """
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -40,45 +39,14 @@ PRIOR_WEIGHT = gamma_policy.PRIOR_WEIGHT
 EXPLORE_COST = gamma_policy.EXPLORE_COST
 # Plain steps in a row at most (the draft's catch-up chunk grows with it).
 MAX_IDLE = 16
-# Values of `BeamPolicyInputs.forced`.
+# Values of `BeamPolicyInputs.forced_gamma`.
 POLICY, PLAIN, SPECULATIVE = -1, 0, 1
 
 
-@flax.struct.dataclass(kw_only=True)
-class BeamPolicyInputs:
-  """Run-time inputs of the choice (arrays: new values never recompile).
-
-  Attributes:
-    seconds: `[2] float32` measured seconds of one loop iteration: a plain
-      step, a speculative call.
-    forced: `[N] int32` a schedule: iteration i is `forced[i % N]` (PLAIN,
-      SPECULATIVE), or the policy's where that is POLICY (`[POLICY]`: the
-      policy throughout; how `auto_beam` times each kind).
-    max_iterations: `[] int32` the loop stops after this many iterations
-      (timing runs; a decode passes a bound it never reaches).
-    explore_cost: `[] float32` probes' time budget as a fraction of the
-      plain steps' time; 0 leaves only the MAX_IDLE cap.
-  """
-
-  seconds: jax.Array
-  forced: jax.Array
-  max_iterations: jax.Array
-  explore_cost: jax.Array
-
-  @classmethod
-  def create(
-    cls,
-    seconds,
-    forced=POLICY,
-    max_iterations: int = 2**30,
-    explore_cost: float = EXPLORE_COST,
-  ) -> 'BeamPolicyInputs':
-    return cls(
-      seconds=jnp.asarray(seconds, jnp.float32),
-      forced=jnp.atleast_1d(jnp.asarray(forced, jnp.int32)),
-      max_iterations=jnp.asarray(max_iterations, jnp.int32),
-      explore_cost=jnp.asarray(explore_cost, jnp.float32),
-    )
+# The run-time inputs are `gamma_policy.PolicyInputs` read for two kinds:
+# `seconds [2]` (a plain step, a speculative call) and `forced_gamma`
+# holding POLICY, PLAIN or SPECULATIVE per iteration.
+BeamPolicyInputs = gamma_policy.PolicyInputs
 
 
 def steps_per_call(histogram: jax.Array, active: jax.Array) -> jax.Array:
@@ -114,7 +82,8 @@ def speculate(
   s = inputs.seconds
   spec = steps_per_call(histogram, active) * s[0] > s[1]
   spec |= idle >= gamma_policy.probe_period(s, inputs.explore_cost)
-  forced = inputs.forced[iteration % inputs.forced.shape[0]]
+  schedule = inputs.forced_gamma
+  forced = schedule[iteration % schedule.shape[0]]
   spec = jnp.where(forced == POLICY, spec, forced == SPECULATIVE)
   # Even a forced schedule: the draft's catch-up holds MAX_IDLE steps.
   return spec | (idle >= MAX_IDLE)
