@@ -367,21 +367,34 @@ def spec_beam_decode(
       idle=s.idle + 1,
     )
 
-  def body(s: SpecBeamState) -> SpecBeamState:
-    if policy is None:
-      s = speculative(s)
-    else:
-      spec = beam_policy.speculate(
-        s.histogram, ~s.done, policy, s.iteration, s.idle
-      )
-      s = lax.cond(spec, speculative, plain, s)
-    return s.replace(iteration=s.iteration + 1)
-
   def cond(s: SpecBeamState) -> jax.Array:
     going = jnp.any(~s.done)
     if policy is not None:
       going &= s.iteration < policy.max_iterations
     return going
+
+  def counted(step_fn):
+    return lambda s: step_fn(s).replace(iteration=s.iteration + 1)
+
+  def wants_call(s: SpecBeamState) -> jax.Array:
+    return beam_policy.speculate(
+      s.histogram, ~s.done, policy, s.iteration, s.idle
+    )
+
+  def body(s: SpecBeamState) -> SpecBeamState:
+    if policy is None:
+      return counted(speculative)(s)
+    # A run of plain steps, then a run of calls, as the policy picks them.
+    # Two inner loops, not a `lax.cond` between the kinds: a branch of a
+    # conditional cannot update the caches it is given in place (XLA
+    # copies every cache buffer a branch writes, each iteration: measured
+    # 1.79 ms per plain step against 1.36 in plain beam search's loop at
+    # 4 beams on the demo pair); a loop body can. Each pass makes progress:
+    # one of the two runs takes at least one iteration.
+    s = lax.while_loop(lambda s: cond(s) & ~wants_call(s), counted(plain), s)
+    return lax.while_loop(
+      lambda s: cond(s) & wants_call(s), counted(speculative), s
+    )
 
   beams = beam_rules.Beams.init(batch, k, m)
   s = SpecBeamState(
