@@ -27,8 +27,21 @@ from spec_decode.core import beam_trees
 from spec_decode.core import spec_beam
 
 P, S, POLICY = beam_policy.PLAIN, beam_policy.SPECULATIVE, beam_policy.POLICY
+# A smaller cap on plain steps in a row than the library's, so that short
+# decodes reach it (the cap and the draft's catch-up room follow it).
+CAP = 16
 # Plain runs of every length up to the cap, between speculative calls.
-SCHEDULE = [P, S, P, P, S, S] + [P] * beam_policy.MAX_IDLE + [S, P]
+SCHEDULE = [P, S, P, P, S, S] + [P] * CAP + [S, P]
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _small_cap():
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(beam_policy, 'MAX_IDLE', CAP)
+    mp.setattr(spec_beam, 'CATCH_UP', CAP)
+    jax.clear_caches()
+    yield
+  jax.clear_caches()
 
 
 def _inputs(seconds=(1.0, 2.0), **kw):
@@ -50,16 +63,16 @@ def test_choice_rule():
   assert spec(hist, (1.0, s - 0.01))  # S steps per call beat S - 0.01 s.
   assert not spec(hist, (1.0, s + 0.01))
   # Poor coverage: plain, until the probe (period ceil(1 / 0.02) = 50,
-  # capped at MAX_IDLE; explore_cost 0 leaves only the cap).
+  # capped at the cap; explore_cost 0 leaves only the cap).
   poor = [[40, 0, 0], [40, 0, 0], [0, 0, 0]]
-  assert not spec(poor, (1.0, 2.0), idle=beam_policy.MAX_IDLE - 1)
-  assert spec(poor, (1.0, 2.0), idle=beam_policy.MAX_IDLE)
+  assert not spec(poor, (1.0, 2.0), idle=CAP - 1)
+  assert spec(poor, (1.0, 2.0), idle=CAP)
   assert spec(poor, (1.0, 1.1), idle=10)  # Period ceil(0.1 / 0.02) = 5.
   assert not spec(poor, (1.0, 1.1), idle=10, explore_cost=0.0)
   # Forced kinds win, except the cap on plain steps in a row.
   assert spec(poor, (1.0, 2.0), forced_gamma=S)
   assert not spec(hist, (1.0, 1.0), forced_gamma=P)
-  assert spec(hist, (1.0, 1.0), forced_gamma=P, idle=beam_policy.MAX_IDLE)
+  assert spec(hist, (1.0, 1.0), forced_gamma=P, idle=CAP)
 
 
 def _decode(target, draft, enc, k, gamma, schedule, m=12, **tree):
@@ -99,12 +112,12 @@ def test_every_schedule_returns_plain_beams_on_tables(num_beams):
   m = 30
   plain = sd.beam_search(target, ENC, num_beams, 0.6, max_decode_len=m)
   draft = sd.TableLM.random(8, seed=11)
-  long_rows = plain.steps > beam_policy.MAX_IDLE
+  long_rows = plain.steps > CAP
   assert long_rows.any() and not long_rows.all(), plain.steps
   for schedule in ([P], [S], SCHEDULE, [POLICY]):
     out = _decode(target, draft, ENC, num_beams, 2, schedule, m=m)
     plain_steps = _check(plain, out)
-    if schedule == [P]:  # Capped: MAX_IDLE plain steps in a row at most.
+    if schedule == [P]:  # Capped: CAP plain steps in a row at most.
       np.testing.assert_array_equal(out['histogram'].sum(1) > 0, long_rows)
     if schedule == [S]:
       assert (plain_steps == 0).all()
@@ -133,7 +146,7 @@ def _self_draft_full_calls(t5, enc, k=2, gamma=2, m=30):
 
 
 def test_draft_catches_up_on_plain_steps(t5, enc):
-  # The catch-up covers runs of up to MAX_IDLE plain steps and their beam
+  # The catch-up covers runs of up to CAP plain steps and their beam
   # reorders: a draft equal to the target then covers every step. (The
   # reorders themselves barely show here: this tiny model ranks its top
   # children alike after the other beams' older prefixes.)

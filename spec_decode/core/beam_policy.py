@@ -19,9 +19,9 @@ give), so that the first iterations speculate and measure.
 Exploration: plain steps measure nothing, so after `probe_period` plain
 steps in a row the loop makes one speculative call (a probe). The period
 keeps the probes' extra time at most EXPLORE_COST of the plain steps'
-(`gamma_policy.probe_period`) and is capped at MAX_IDLE: the draft has not
-seen the steps taken plainly and catches up on them, in one call over at
-most G + 2 + MAX_IDLE inputs, at the next speculative call.
+(`gamma_policy.probe_period`) and is capped at MAX_IDLE = 64: the draft
+has not seen the steps taken plainly and catches up on them, in one call
+over at most G + 2 + MAX_IDLE inputs, at the next speculative call.
 
 Exactness needs no argument beyond plain beam search's: both kinds of
 iteration apply `beam_rules.step` to the target's own log-probs, so any
@@ -37,8 +37,11 @@ from spec_decode.core import gamma_policy
 PRIOR_ALPHA = gamma_policy.PRIOR_ALPHA
 PRIOR_WEIGHT = gamma_policy.PRIOR_WEIGHT
 EXPLORE_COST = gamma_policy.EXPLORE_COST
-# Plain steps in a row at most (the draft's catch-up chunk grows with it).
-MAX_IDLE = 16
+# Plain steps in a row at most (the draft's catch-up chunk grows with it,
+# and is only that long when needed). 64: about the 2% probe budget where a
+# call costs 2-3 steps; a cap of 16 spent 15% of a 4-beam demo decode on
+# probes.
+MAX_IDLE = 64
 # Values of `BeamPolicyInputs.forced_gamma`.
 POLICY, PLAIN, SPECULATIVE = -1, 0, 1
 

@@ -93,6 +93,8 @@ class LoopState:
       holds (gamma='auto', where plain steps skip the draft; else None).
     policy_idle: `[] int32` consecutive gamma-0 iterations just before this
       one (gamma='auto': the policy's probe schedule; else None).
+    policy_gamma: `[] int32` the gamma the policy chose for the next
+      iteration (gamma='auto'; else None).
   """
 
   inputs: jax.Array
@@ -105,6 +107,7 @@ class LoopState:
   features: jax.Array | None = None
   draft_synced: jax.Array | None = None
   policy_idle: jax.Array | None = None
+  policy_gamma: jax.Array | None = None
 
 
 def _gather(inputs: jax.Array, positions: jax.Array) -> jax.Array:
@@ -358,33 +361,53 @@ def speculative_decode(
       features=None if features is None else features[:, 0],
     )
 
-  def policy_step(state: LoopState) -> LoopState:
-    c = state.counters
-    active = ~state.done
-    g = gamma_policy.choose(
-      c.beta_sum,
-      jnp.sum(c.position_tries, axis=1),
-      active,
+  def choice(state: LoopState) -> jax.Array:
+    return gamma_policy.choose(
+      state.counters.beta_sum,
+      jnp.sum(state.counters.position_tries, axis=1),
+      ~state.done,
       policy,
       state.step,
       state.policy_idle,
     )
-    # Gamma 0 keeps a stateful drafter's state stale: it is never a
-    # candidate there (its seconds are inf), and its branch drafts 1.
-    zero = (
-      plain_step if zero_gamma_ok(draft) else functools.partial(draft_step, g=1)
-    )
-    branches = [zero] + [
-      functools.partial(draft_step, g=k) for k in range(1, gmax + 1)
-    ]
-    new = lax.switch(g, branches, state)
+
+  # Gamma 0 keeps a stateful drafter's state stale: it is never a candidate
+  # there (its seconds are inf), and its branch drafts 1.
+  zero = (
+    plain_step if zero_gamma_ok(draft) else functools.partial(draft_step, g=1)
+  )
+  branches = [zero] + [
+    functools.partial(draft_step, g=k) for k in range(1, gmax + 1)
+  ]
+
+  def policy_step(state: LoopState, g: int) -> LoopState:
+    """One iteration at gamma `g`, then the policy's next choice."""
+    active = ~state.done
+    new = branches[g](state)
     counters = new.counters.replace(
       gamma_histogram=new.counters.gamma_histogram
       + jax.nn.one_hot(g, gmax + 1, dtype=jnp.int32)[None]
       * active[:, None].astype(jnp.int32)
     )
-    idle = jnp.where(g == 0, state.policy_idle + 1, 0)
-    return new.replace(counters=counters, policy_idle=idle)
+    idle = (
+      state.policy_idle + 1 if g == 0 else jnp.zeros_like(state.policy_idle)
+    )
+    new = new.replace(counters=counters, policy_idle=idle)
+    return new.replace(policy_gamma=choice(new))
+
+  def policy_pass(state: LoopState) -> LoopState:
+    # One inner loop per gamma, each running while the policy keeps
+    # choosing it, instead of a `lax.switch` over the gammas: a branch of a
+    # conditional cannot update the caches it is given in place (XLA copies
+    # every cache buffer a branch writes, each iteration), a loop body can.
+    # The inner loop of the gamma chosen on entry runs at least once.
+    for g in range(gmax + 1):
+      state = lax.while_loop(
+        lambda s, g=g: not_finished(s) & (s.policy_gamma == g),
+        functools.partial(policy_step, g=g),
+        state,
+      )
+    return state
 
   def not_finished(state: LoopState) -> jax.Array:
     going = _not_finished(state, settings)
@@ -406,7 +429,9 @@ def speculative_decode(
     ),
     policy_idle=jnp.zeros((), jnp.int32) if auto else None,
   )
-  body = policy_step if auto else functools.partial(draft_step, g=gmax)
+  if auto:
+    state = state.replace(policy_gamma=choice(state))
+  body = policy_pass if auto else functools.partial(draft_step, g=gmax)
   state = lax.while_loop(not_finished, body, state)
   tokens, lengths = _outputs(state, settings)
   return tokens, lengths, state.counters
