@@ -226,9 +226,10 @@ def speculative_decode(
 ):
   """Algorithm 1 in a loop: a draft block, one target call over G+1 inputs.
 
-  With `settings.gamma_policy`, each iteration first picks its gamma in
-  {0, ..., G} (`gamma_policy.choose`, from `policy`) and runs that branch of
-  a `lax.switch`: one compiled program, gamma chosen at run time. Gamma 0 is
+  With `settings.gamma_policy`, each iteration runs at the gamma in
+  {0, ..., G} that the policy chose after the previous one
+  (`gamma_policy.choose`, from `policy`), in the inner loop of that gamma:
+  one compiled program, gamma chosen at run time. Gamma 0 is
   a plain target step; a language-model draft that skipped such steps is
   caught up (its missing inputs fed in chunks) before it drafts again.
 
