@@ -61,11 +61,22 @@ def _shapes(tree: Any) -> list:
   return [
     type(tree).__name__,
     treedef.num_leaves,
-    [
-      [list(np.shape(x)), str(getattr(x, 'dtype', type(x).__name__))]
-      for x in leaves
-    ],
+    [[list(np.shape(x)), _dtype_name(x)] for x in leaves],
   ]
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(x: Any) -> str:
+  # str(dtype) is slow in numpy (most of a batch-1 decode's describe).
+  dtype = getattr(x, 'dtype', None)
+  if dtype is None:
+    return type(x).__name__
+  name = _DTYPE_NAMES.get(dtype)
+  if name is None:
+    name = _DTYPE_NAMES[dtype] = str(dtype)
+  return name
 
 
 def describe(

@@ -1,6 +1,7 @@
 """`generate`: the public entry point for plain and speculative decoding."""
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -125,16 +126,22 @@ class GenerateOutput:
 DEFAULT_CONFIDENCE = 0.5
 
 
+@functools.partial(jax.jit, static_argnames='batch')
+def _folded_keys(base: jax.Array, batch: int) -> jax.Array:
+  # One compiled program: run eagerly, the vmap of fold_in dispatched op
+  # by op and took about 3 ms per call, a tenth of a batch-1 demo decode.
+  return jax.vmap(lambda r: jax.random.fold_in(base, r))(
+    jnp.arange(batch, dtype=jnp.uint32)
+  )
+
+
 def row_keys(seed: Any, batch: int) -> jax.Array:
   """One key per row: `key(seed[r])` for an array, else fold_in(key(seed), r).
 
   Created outside jit and passed in, as the design requires.
   """
   if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-    base = jax.random.key(int(seed))
-    return jax.vmap(lambda r: jax.random.fold_in(base, r))(
-      jnp.arange(batch, dtype=jnp.uint32)
-    )
+    return _folded_keys(jax.random.key(int(seed)), batch)
   seeds = np.asarray(seed)
   if seeds.shape != (batch,) or not np.issubdtype(seeds.dtype, np.integer):
     raise ValueError(
