@@ -6,7 +6,6 @@ is in `spec_decode.bench.beam`'s module doc.
 """
 
 import functools
-from typing import Any
 
 import flax.struct
 import jax
@@ -16,6 +15,8 @@ from jax import lax
 
 import spec_decode as sd
 from spec_decode.core import beam_rules
+from spec_decode.core import beam_search
+from spec_decode.core import spec_beam
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
 
@@ -43,13 +44,6 @@ class Trajectory:
   steps: jax.Array
 
 
-def _reorder(lm: Any, state: DecodeState, rows: jax.Array) -> DecodeState:
-  reorder = getattr(lm, 'reorder_beams', None)
-  if reorder is not None:
-    return reorder(state, rows)
-  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
-
-
 @functools.partial(
   jax.jit, static_argnames=('num_beams', 'alpha', 'max_decode_len')
 )
@@ -57,25 +51,21 @@ def live_sequences(model, enc, num_beams, alpha, max_decode_len):
   """Plain beam search (the loop of `beam_search.beam_decode`), keeping
   every step's live sequences: `[B, M + 1, K, M + 1]` and their flags."""
   batch, k, m = enc.shape[0], num_beams, max_decode_len
-  state = model.init_state(enc, m + 1)
+  settings = beam_search.BeamSettings(
+    num_beams=k, alpha=alpha, max_decode_len=m, eos_id=sd.EOS_ID
+  )
+  state = model.init_state(enc, settings.buffer_len)
   state = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
-  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
   rows = jnp.arange(batch)
 
   def body(carry):
     b, done, st, seqs, live = carry
-    st = model.rollback(st, jnp.repeat(b.step, k))
-    logits, st = model.score(st, b.last_tokens().reshape(batch * k, 1))
-    log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    new, parents = beam_rules.step(
-      b, log_probs.reshape(batch, k, -1), alpha, sd.EOS_ID, ~done
-    )
-    st = _reorder(model, st, (group + parents).reshape(-1))
+    new, done, st, _ = spec_beam.plain_step(model, st, b, done, settings)
     # A stopped row keeps its beams: it rewrites its last entry unchanged.
     seqs = seqs.at[rows, new.step].set(new.live_seqs)
     real = new.live_logprobs > beam_rules.NEG_INF / 2
     live = live.at[rows, new.step].set(real)
-    return new, done | beam_rules.stopped(new, alpha), st, seqs, live
+    return new, done, st, seqs, live
 
   beams = beam_rules.Beams.init(batch, k, m)
   carry = (
@@ -216,7 +206,7 @@ class ControlledBeamDraft:
 
   def reorder_beams(self, state: ControlledBeamState, rows):
     return ControlledBeamState(
-      inner=_reorder(self.inner, state.inner, rows),
+      inner=spec_beam.reorder_rows(self.inner, state.inner, rows),
       row=jnp.take(state.row, rows, axis=0),
     )
 

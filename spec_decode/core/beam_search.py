@@ -30,7 +30,6 @@ from spec_decode.core import tree
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
-from spec_decode.core.spec_beam import reorder_rows
 
 _INTS = (int, np.integer)
 
@@ -143,24 +142,11 @@ def beam_decode(
   # The encoder runs once per row; its outputs are copied to the K beams.
   state = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
   beams = beam_rules.Beams.init(batch, k, settings.max_decode_len)
-  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
 
   def body(s: BeamLoopState) -> BeamLoopState:
-    b = s.beams
-    lm_state = model.rollback(s.model, jnp.repeat(b.step, k))
-    logits, lm_state = model.score(
-      lm_state, b.last_tokens().reshape(batch * k, 1)
+    new, done, lm_state, _ = spec_beam.plain_step(
+      model, s.model, s.beams, s.done, settings
     )
-    log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    new, parents = beam_rules.step(
-      b,
-      log_probs.reshape(batch, k, -1),
-      alpha,
-      settings.eos_id,
-      ~s.done,
-    )
-    lm_state = reorder_rows(model, lm_state, (group + parents).reshape(-1))
-    done = s.done | beam_rules.stopped(new, alpha)
     return BeamLoopState(beams=new, done=done, model=lm_state)
 
   s = BeamLoopState(
@@ -334,7 +320,7 @@ def beam_search(
     out = beam_decode_jit(model, enc, settings=settings)
     out = out + (out[3], None, None)
   else:
-    policy = seconds = None
+    policy = None
     if auto:
       seconds, _ = auto_beam.iteration_seconds(
         model, draft, enc, settings, layout

@@ -99,6 +99,31 @@ class SpecBeamState:
 CATCH_UP = beam_policy.MAX_IDLE
 
 
+def plain_step(model, state, beams, done, settings):
+  """One step of plain beam search (`beam_search.beam_decode`'s loop body).
+
+  Scores each live beam's newest token (model row b * K + j: beam j of row
+  b), applies `beam_rules.step` and reorders the model's rows by parent.
+
+  Returns:
+    the new beams, the rows that stopped by now `[B]`, the model state and
+    the rows `[B * K]` it was reordered by (new row i continues row
+    `rows[i]`).
+  """
+  batch, k = beams.live_logprobs.shape
+  state = model.rollback(state, jnp.repeat(beams.step, k))
+  logits, state = model.score(state, beams.last_tokens().reshape(batch * k, 1))
+  log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
+  new, parents = beam_rules.step(
+    beams, log_probs.reshape(batch, k, -1), settings.alpha, settings.eos_id,
+    ~done,
+  )  # fmt: skip
+  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
+  rows = (group + parents).reshape(-1)
+  done = done | beam_rules.stopped(new, settings.alpha)
+  return new, done, reorder_rows(model, state, rows), rows
+
+
 def follow(draft_rows: jax.Array, rows: jax.Array) -> jax.Array:
   """The draft's row of each beam after a plain step reorders the beams
   (new beam row i continues beam row `rows[i]`)."""
@@ -299,6 +324,8 @@ def spec_beam_decode(
       trees, draft_kept = grow(g + 2)(s.draft)
     else:
       ds = reorder_rows(draft, s.draft, s.draft_rows)
+      # A conditional again, but it writes only the draft's small cache:
+      # the auto calls at 1 beam cost 1.84 ms against 1.82 without it.
       short = jnp.all(step - s.start < g + 2)
       trees, draft_kept = lax.cond(short, grow(g + 2), grow(long_chunk), ds)
     nodes = trees.tokens.at[:, 0].set(b.last_tokens().reshape(-1))
@@ -348,20 +375,14 @@ def spec_beam_decode(
     )
 
   def plain(s: SpecBeamState) -> SpecBeamState:
-    """One step of `beam_search.beam_decode`'s loop; the draft waits."""
-    b = s.beams
-    tgt = target.rollback(s.target, jnp.repeat(b.step, k))
-    logits, tgt = target.score(tgt, b.last_tokens().reshape(batch * k, 1))
-    log_probs = jax.nn.log_softmax(logits[:, 0], axis=-1)
-    new, parents = beam_rules.step(
-      b, log_probs.reshape(batch, k, -1), settings.alpha, settings.eos_id,
-      ~s.done,
-    )  # fmt: skip
-    rows = (group + parents).reshape(-1)
+    """One step of plain beam search; the draft waits."""
+    beams, done, tgt, rows = plain_step(
+      target, s.target, s.beams, s.done, settings
+    )
     return s.replace(
-      beams=new,
-      done=s.done | beam_rules.stopped(new, settings.alpha),
-      target=reorder_rows(target, tgt, rows),
+      beams=beams,
+      done=done,
+      target=tgt,
       calls=s.calls + (~s.done).astype(jnp.int32),
       draft_rows=follow(s.draft_rows, rows),
       idle=s.idle + 1,
