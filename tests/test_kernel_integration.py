@@ -309,6 +309,61 @@ def test_greedy_identity_bfloat16_packing(target, inputs):
     np.testing.assert_array_equal(out.tokens, plain.tokens)
 
 
+def _packed_dtypes(model: sd.Model) -> set:
+  return {x.dtype for x in jax.tree.leaves(model.packed)}
+
+
+@needs_kernel
+def test_a_draft_proposes_with_bfloat16_packed_weights(
+  target, near_draft, inputs
+):
+  """Default fp32 packing: drafts repack in bf16 (half the bytes a step
+  reads), once per model, same parameters; decoding is unchanged."""
+  draft = sd.Model(near_draft.config, near_draft.params)
+  assert _packed_dtypes(draft) == {jnp.dtype(jnp.float32)}
+  copy = draft.for_drafting()
+  assert _packed_dtypes(copy) == {jnp.dtype(jnp.bfloat16)}
+  assert copy.params is draft.params
+  assert draft.for_drafting() is copy
+  plain = sd.generate(target, inputs, max_decode_len=MAX_LEN)
+  out = sd.generate(
+    target, inputs, draft=draft, gamma=3, max_decode_len=MAX_LEN
+  )
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+
+  # `generate` proposed with the copy: sampled, alpha (the mean of
+  # sum min(p, q)) sees q's rounding.
+  def alpha(d):
+    return sd.generate(
+      target,
+      inputs,
+      draft=d,
+      gamma=3,
+      max_decode_len=MAX_LEN,
+      temperature=1.0,
+      seed=4,
+    ).stats.alpha
+
+  # Negative control: the fp32 draft's q differs.
+  assert alpha(draft) == alpha(copy) != alpha(draft.pack_for_cpu(jnp.float32))
+
+
+@needs_kernel
+def test_drafting_copy_is_the_model_itself_unless_packed_fp32_by_default(
+  target,
+):
+  explicit = target.pack_for_cpu(jnp.float32)
+  assert explicit.for_drafting() is explicit
+  assert target.unpacked().for_drafting().packed is None
+  b16 = target.pack_for_cpu(jnp.bfloat16)
+  assert b16.for_drafting() is b16
+  # Through jit's flatten/unflatten the flag is not kept: no repacking of
+  # traced weights.
+  leaves, tree = jax.tree.flatten(target)
+  rebuilt = jax.tree.unflatten(tree, leaves)
+  assert rebuilt.for_drafting() is rebuilt
+
+
 @needs_kernel
 def test_greedy_identity_tied_embeddings():
   m = sd.Model.init(

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -86,6 +87,10 @@ def pair():
 def references(pair):
   """Unsharded outputs, greedy and sampled, keyed by temperature."""
   target, draft = pair
+  # Sharded models are never packed, so their draft proposes in float32: an
+  # explicit float32 packing keeps the unsharded draft's q the same (by
+  # default it would propose with bfloat16-packed weights).
+  draft = draft.pack_for_cpu(jnp.float32)
   kw = dict(draft=draft, gamma=3, max_decode_len=10, seed=np.arange(8) + 5)
   return {
     t: sd.generate(target, _inputs(), temperature=t, **kw) for t in (0.0, 1.0)

@@ -27,7 +27,7 @@ from spec_decode.core import costs
 def run(cfg: speed.BenchConfig, alpha: float, gamma: int) -> dict:
   m = cfg.max_decode_len
   target = peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
-  draft32 = sd.Model.init(cfg.draft, seed=1)
+  draft32 = sd.Model.init(cfg.draft, seed=1).pack_for_cpu(jnp.float32)
   variants = (
     ('float32', draft32),
     ('bfloat16', draft32.pack_for_cpu(jnp.bfloat16)),

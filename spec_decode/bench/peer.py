@@ -90,6 +90,7 @@ def run(
   except ImportError as e:
     return {'skipped': f'transformers/torch not installed ({e})'}
   target, draft = agreeable_pair(cfg, draft_layers, residual_scale)
+  draft = draft.for_drafting()  # what `generate` proposes with
   steps = [costs.step_times(m, [1], repeats)[1] for m in (target, draft)]
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, 1000, (1, 24)).astype(np.int32)

@@ -351,7 +351,7 @@ def policy_section(cfg: BenchConfig, target=None, draft_net=None) -> list:
   """Section 4b: `batch_policy.run` over the config's grid."""
   if target is None:
     target = peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
-    draft_net = sd.Model.init(cfg.draft, seed=1)
+    draft_net = sd.Model.init(cfg.draft, seed=1).for_drafting()
   return batch_policy.run(
     target,
     draft_net,
@@ -374,7 +374,7 @@ def profile_section(
   m = cfg.max_decode_len
   if target is None:
     target = peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
-    draft_net = sd.Model.init(cfg.draft, seed=1)
+    draft_net = sd.Model.init(cfg.draft, seed=1).for_drafting()
   enc = inputs(1)
   if reference is None:
     reference = sd.generate(
@@ -409,7 +409,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
   }
   m = cfg.max_decode_len
   target = peer.suppress_eos(sd.Model.init(cfg.target, seed=0))
-  draft_net = sd.Model.init(cfg.draft, seed=1)
+  draft_net = sd.Model.init(cfg.draft, seed=1).for_drafting()
 
   # 6a. compile time of the first call.
   enc1 = inputs(1)

@@ -24,6 +24,7 @@ from spec_decode.core import auto_beam
 from spec_decode.core import beam_policy
 from spec_decode.core import beam_rules
 from spec_decode.core import beam_trees
+from spec_decode.core import model_drafter
 from spec_decode.core import placement
 from spec_decode.core import spec_beam
 from spec_decode.core import tree
@@ -283,6 +284,8 @@ def beam_search(
     )
   if draft is not None:
     _check_draft(model, draft)
+    if draft is not model:  # the target drafting for itself stays itself
+      draft = model_drafter.drafting_copy(draft)
     if layout.children >= model.vocab_size:
       raise ValueError(
         f'draft_children must be below the vocabulary size '

@@ -40,6 +40,11 @@ the gamma is fixed before that iteration's draws, which use each row's own
 keys, so conditionally on the past each row's next tokens are the target's
 and independent of the other rows' (induction over iterations). Greedy
 outputs are the target's argmax path whatever the schedule.
+
+Why one gamma for the batch and not one per row: the program's shapes are
+static, so an iteration costs the same whatever gamma each row would use
+(the draft steps and the target call cover every row), and a row held
+below the batch's gamma can only expect fewer tokens (E grows with gamma).
 """
 
 import flax.struct

@@ -11,6 +11,7 @@ import numpy as np
 from spec_decode.core import auto_gamma
 from spec_decode.core import gamma_policy
 from spec_decode.core import loops
+from spec_decode.core import model_drafter
 from spec_decode.core import placement
 from spec_decode.core import sampling
 from spec_decode.core import tree_generate
@@ -293,6 +294,8 @@ def generate(
   tokens = _check_tokens(placement.local_data(encoder_tokens), model.vocab_size)
   if draft is not None:
     check_pair(model, draft)
+    if draft is not model:  # the target drafting for itself stays itself
+      draft = model_drafter.drafting_copy(draft)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
   settings = DecodeSettings(
     max_decode_len=int(max_decode_len),

@@ -169,6 +169,13 @@ def _dynamic_steps(model, sampler, ds, x1, step_keys, tau):
   return jnp.swapaxes(xs, 0, 1), qs, num, ds
 
 
+def drafting_copy(draft):
+  """`draft.for_drafting()` where the draft offers a cheaper copy
+  (`protocol.DraftingCopy`), else `draft`; None stays None."""
+  for_drafting = getattr(draft, 'for_drafting', None)
+  return draft if for_drafting is None else for_drafting()
+
+
 def as_drafter(draft):
   """`draft` itself if it implements the drafter protocol, else wrapped."""
   if is_drafter(draft):

@@ -70,6 +70,20 @@ class BeamReorder(Protocol):
     ...
 
 
+class DraftingCopy(Protocol):
+  """Optional: a copy of a model that is cheaper to propose with.
+
+  `generate` and `beam_search` propose with `draft.for_drafting()` when the
+  draft has it (a T5 `Model` on the CPU kernel drafts with bfloat16-packed
+  weights). Only the proposals can change, never what the decode returns:
+  the target checks every token.
+  """
+
+  def for_drafting(self) -> LanguageModel:
+    """The model to propose with (itself when nothing is cheaper)."""
+    ...
+
+
 class TreeLanguageModel(LanguageModel, Protocol):
   """A language model that can also score token trees (`core/tree.py`).
 
