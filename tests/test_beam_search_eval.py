@@ -61,7 +61,3 @@ def test_decoder_beam_mode_returns_the_best_beam():
   np.testing.assert_array_equal(out.lengths, ref.lengths[:, 0])
   np.testing.assert_array_equal(out.beams.scores, ref.scores)
   assert out.stats is None and seconds > 0
-  with pytest.raises(ValueError, match="not 'auto'"):
-    decoding.Decoder(
-      target, target, _settings(decode_method='beam', gamma='auto')
-    )

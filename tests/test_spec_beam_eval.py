@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
+from spec_decode.core import auto_beam
 from spec_decode.eval import decoding
 from spec_decode.eval import run as eval_lib
 
@@ -77,3 +78,48 @@ def test_exactness_compares_every_beam_and_score(target):
     plain, dataclasses.replace(spec, beams=other), 0
   )
   assert isinstance(spec.beams, sd.BeamSearchOutput)
+
+
+def test_eval_run_with_gamma_auto(target, tmp_path, monkeypatch):
+  """GAMMA='auto' with beams: each iteration a plain step or a call with
+  trees of depth MAX_AUTO_GAMMA; exact; the records, results and report
+  count both kinds, and the costs come from the cost cache the second time."""
+  monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path / 'costs'))
+  # Costs where a call pays (the tiny model's measured ones say it never
+  # does): the records must count both kinds.
+  measured = []
+
+  def measure(*args, **kwargs):
+    measured.append(1)
+    return [1.0, 1.5]
+
+  monkeypatch.setattr(auto_beam, 'measure', measure)
+  settings = dataclasses.replace(SETTINGS, gamma='auto', max_auto_gamma=2)
+  runs = []
+  for name in ('first', 'second'):
+    out = str(tmp_path / name)
+    runs.append(eval_lib.evaluate(target, target, settings, output_dir=out,
+                                  **RUN))  # fmt: skip
+  r = runs[0]
+  assert r['gamma'] == 'auto' and r['exact_match_fraction'] == 1.0
+  with open(os.path.join(str(tmp_path / 'first'), eval_lib.EXAMPLES_FILE)) as f:
+    records = [json.loads(line) for line in f]
+  for rec in records:
+    spec = rec['speculative'][decoding.AUTO]
+    kinds = spec['gamma_iterations']
+    assert len(kinds) == 3 and kinds[1] == 0
+    assert sum(kinds) == spec['iterations']
+    # The depth counts and proposed nodes are the speculative calls'.
+    assert kinds[2] > 0 and sum(spec['accepted_histogram']) == kinds[2]
+    assert spec['proposed'] % kinds[2] == 0
+    # The target as draft: every checked depth is covered.
+    assert spec['position_tries'] == spec['position_accepts']
+    assert spec['exact']
+  assert sum(r['gamma_iterations']) == r['target_calls']
+  models = [x['gamma_policy']['cost_models'] for x in runs]
+  assert [m[0]['measured'] for m in models] == [True, False]
+  assert len(measured) == 1
+  assert set(models[0][0]['iteration_seconds']) == {'0', '2'}
+  summary = open(os.path.join(str(tmp_path / 'first'), 'summary.md')).read()
+  assert 'plain steps' in summary and 'speculative calls' in summary
+  assert 'Cost model' in summary

@@ -109,6 +109,8 @@ class BeamSearchOutput:
       plain beam search.
     iteration_seconds: gamma='auto': the measured seconds of a plain step
       and of a speculative call that the policy compared; else None.
+    cost_cache: gamma='auto': where those seconds came from, `{'key',
+      'path', 'measured'}` (`auto_gamma.cached_seconds`); else None.
   """
 
   tokens: np.ndarray
@@ -120,6 +122,7 @@ class BeamSearchOutput:
   depth_tries: np.ndarray | None = None
   tree_nodes: int | None = None
   iteration_seconds: list[float] | None = None
+  cost_cache: dict[str, Any] | None = None
 
   @property
   def steps_per_call(self) -> float:
@@ -318,14 +321,14 @@ def beam_search(
     enc, _ = placement.sharded_inputs(mesh, tokens, keys)
   else:
     enc = jnp.asarray(tokens)
-  seconds = None
+  seconds = cost_cache = None
   if draft is None:
     out = beam_decode_jit(model, enc, settings=settings)
     out = out + (out[3], None, None)
   else:
     policy = None
     if auto:
-      seconds, _ = auto_beam.iteration_seconds(
+      seconds, cost_cache = auto_beam.iteration_seconds(
         model, draft, enc, settings, layout
       )
       policy = beam_policy.BeamPolicyInputs.create(seconds)
@@ -340,7 +343,10 @@ def beam_search(
   out = [None if x is None else x[:batch] for x in placement.to_host(out)]
   tree_nodes = None if draft is None else layout.num_nodes
   return BeamSearchOutput(
-    *out, tree_nodes=tree_nodes, iteration_seconds=seconds
+    *out,
+    tree_nodes=tree_nodes,
+    iteration_seconds=seconds,
+    cost_cache=cost_cache,
   )
 
 

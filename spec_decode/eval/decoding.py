@@ -138,23 +138,34 @@ class BeamSpecStats:
   row_alpha: np.ndarray
   row_proposed: np.ndarray
   row_steps: np.ndarray
+  row_gamma_histogram: np.ndarray | None = None
 
   @classmethod
   def of(cls, out: sd.BeamSearchOutput, num_beams: int) -> 'BeamSpecStats':
+    """The counts of `out`; with gamma='auto', `row_gamma_histogram [B,
+    G + 1]` holds each row's plain steps at γ 0 and speculative calls at
+    G (the histogram and depth counts are the calls')."""
     hist = np.asarray(out.histogram, np.int64)  # [B, G + 1]
     gamma = hist.shape[1] - 1
     tries = np.asarray(out.depth_tries, np.int64)
     accepts = np.stack([hist[:, i + 1 :].sum(1) for i in range(gamma)], 1)
     beta = accepts.sum(1).astype(np.float64)
+    calls = np.asarray(out.calls, np.int64)
+    speculative = hist.sum(1)  # = calls unless gamma='auto'
+    by_kind = None
+    if out.iteration_seconds is not None:
+      by_kind = np.zeros_like(hist)
+      by_kind[:, 0], by_kind[:, gamma] = calls - speculative, speculative
     return cls(
       row_accepted_histogram=hist,
-      row_iterations=np.asarray(out.calls, np.int64),
+      row_iterations=calls,
       row_position_tries=tries,
       row_position_accepts=accepts,
       row_beta_sum=beta,
       row_alpha=beta / np.maximum(tries.sum(1), 1),
-      row_proposed=np.asarray(out.calls, np.int64) * num_beams * out.tree_nodes,
+      row_proposed=speculative * num_beams * out.tree_nodes,
       row_steps=np.asarray(out.steps, np.int64),
+      row_gamma_histogram=by_kind,
     )
 
 
@@ -200,13 +211,6 @@ class Decoder:
   def __init__(
     self, target: Any, draft: Any, settings: settings_lib.EvalSettings
   ):
-    if settings.beam and draft is not None and settings.gamma == 'auto':
-      # Checked before the first batch decodes: auto-γ's model is the
-      # chain loop's, not speculative beam search's.
-      raise ValueError(
-        "decode_method='beam' with a draft takes an int gamma (or a list), "
-        "not 'auto'"
-      )
     self.target = target
     self.draft = draft
     self.settings = settings
@@ -256,18 +260,26 @@ class Decoder:
     return out, seconds
 
   def _note_costs(self, out: Any) -> None:
-    """Keeps the cost model of an `AUTO` decode (`cost_models`)."""
-    choice = getattr(out, 'gamma_choice', None)
-    if not choice:
-      return
-    cache = choice['cost_cache']
+    """Keeps the cost model of an `AUTO` decode (`cost_models`): seconds
+    per loop iteration by γ (beam search: γ 0, a plain step, and γ G, a
+    speculative call)."""
+    if isinstance(out, sd.BeamSearchOutput):
+      if out.cost_cache is None:
+        return
+      cache = out.cost_cache
+      plain, call = out.iteration_seconds
+      seconds = {'0': plain, str(self.settings.max_auto_gamma): call}
+    else:
+      choice = getattr(out, 'gamma_choice', None)
+      if not choice:
+        return
+      cache = choice['cost_cache']
+      seconds = {str(g): s for g, s in choice['iteration_seconds'].items()}
     model = {
       'key': cache['key'],
       'path': cache['path'],
       'measured': bool(cache['measured']),
-      'iteration_seconds': {
-        str(g): s for g, s in choice['iteration_seconds'].items()
-      },
+      'iteration_seconds': seconds,
     }
     add_cost_model(self.cost_models, model)
 
@@ -289,13 +301,17 @@ class Decoder:
         draft_beams=s.draft_beams,
         draft_children=s.draft_children,
       )
+      if gamma == AUTO:  # Trees of depth max_auto_gamma where it pays.
+        kw['max_auto_gamma'] = s.max_auto_gamma
     key = (enc.shape, 'beam', gamma)
     if timed and key not in self._seen:
-      sd.beam_search(self.target, enc, **kw)  # Warm-up: compile.
+      # Warm-up: compile (and for AUTO, measure or read the two costs).
+      self._note_costs(sd.beam_search(self.target, enc, **kw))
     self._seen.add(key)
     t0 = time.perf_counter()
     out = sd.beam_search(self.target, enc, **kw)
     seconds = time.perf_counter() - t0
+    self._note_costs(out)
     stats = None if gamma is None else BeamSpecStats.of(out, s.num_beams)
     return BeamDecode(out.tokens[:, 0], out.lengths[:, 0], out, stats), seconds
 

@@ -383,10 +383,11 @@ def _quality_lines(
   r: dict[str, Any], rows: list[dict[str, Any]], plain: str
 ) -> list[str]:
   """The quality table: plain against each γ's speculative decode."""
+  gamma = _beam_gamma if r.get('decode_method') == 'beam' else _gamma
   lines = [
     '',
     f'| metric | {plain} | '
-    + ' | '.join(f'speculative γ={_gamma(s)}' for s in rows)
+    + ' | '.join(f'speculative γ={gamma(s)}' for s in rows)
     + ' |',
     '|---|---|' + '---|' * len(rows),
   ]
@@ -419,6 +420,8 @@ def _beam_summary(r: dict[str, Any]) -> str:
   ]
   if r.get('mesh'):
     lines += [_mesh_line(r), '']
+  if r['gamma'] == 'auto':
+    lines += _beam_auto_lines(r)
   rows = r['sweep'] or [r]
   plain_calls = r['plain_target_calls']
   lines += [
@@ -428,7 +431,7 @@ def _beam_summary(r: dict[str, Any]) -> str:
   ]
   for s in rows:
     lines.append(
-      f'| {r["task"]} | {r["draft"]} | {r["num_beams"]} | {s["gamma"]} | '
+      f'| {r["task"]} | {r["draft"]} | {r["num_beams"]} | {_beam_gamma(s)} | '
       f'{_opt(s.get("steps_per_call"))} | {_f(s["alpha"])} | '
       f'{s["target_calls"]} ({plain_calls}) | '
       f'{_f(s["speedup_measured"])}x | '
@@ -443,7 +446,7 @@ def _beam_summary(r: dict[str, Any]) -> str:
   ]
   for s in rows:
     lines.append(
-      f'| {s["gamma"]} | {_opt(s.get("steps_per_call"))} | '
+      f'| {_beam_gamma(s)} | {_opt(s.get("steps_per_call"))} | '
       f'{_f(s["expected_tokens_per_call"])} | {s.get("steps", "-")} '
       f'({r.get("plain_steps", "-")}) | '
       f'{_f(r["plain_tokens_per_second"], 1)} | '
@@ -451,8 +454,9 @@ def _beam_summary(r: dict[str, Any]) -> str:
     )
   lines += [
     '',
-    f'Draft depths covered per target call (0..{r["gamma"]}), γ = '
-    f'{r["gamma"]}: {r["accepted_histogram"]}',
+    f'Draft depths covered per speculative call (0..'
+    f'{r.get("max_gamma", r["gamma"])}), γ = {r["gamma"]}: '
+    f'{r["accepted_histogram"]}',
     'Per-depth coverage: '
     + ' '.join(_f(a) for a in r['per_position_acceptance']),
     f'Walltime (compile excluded): plain beam search '
@@ -466,6 +470,40 @@ def _beam_summary(r: dict[str, Any]) -> str:
     'Quality and tok/s: the best beam.',
   ]
   return '\n'.join(lines) + '\n'
+
+
+def _beam_gamma(s: dict[str, Any]) -> str:
+  """The γ column of a beam run: the int, or auto with the share of its
+  iterations that were speculative calls."""
+  if s['gamma'] != 'auto':
+    return str(s['gamma'])
+  kinds = s['gamma_iterations']
+  return f'auto ({kinds[-1]} of {sum(kinds)} calls speculative)'
+
+
+def _beam_auto_lines(r: dict[str, Any]) -> list[str]:
+  """What speculative beam search's auto policy did, and its costs."""
+  g_max, kinds = r['max_gamma'], r['gamma_iterations']
+  lines = [
+    f'gamma = auto: each iteration was a plain beam step or a speculative '
+    f'call with draft trees of depth {g_max}, whichever was expected to '
+    f'commit more steps per second (`core/beam_policy.py`); summed over '
+    f'batches: {kinds[0]} plain steps, {kinds[-1]} speculative calls.',
+  ]
+  for model in (r.get('gamma_policy') or {}).get('cost_models', []):
+    seconds = model['iteration_seconds']
+    plain, call = seconds.get('0'), seconds.get(str(g_max))
+    source = (
+      'measured by this run'
+      if model['measured']
+      else 'read from the cost cache (measured earlier)'
+    )
+    lines.append(
+      f'Cost model {model["key"]}: plain step {_opt(plain and plain * 1e3, 3)}'
+      f' ms, speculative call {_opt(call and call * 1e3, 3)} ms; {source}; '
+      f'cache file {model["path"]}.'
+    )
+  return lines + ['']
 
 
 def write_plots(r: dict[str, Any], output_dir: str) -> None:

@@ -283,7 +283,10 @@ class EvalSettings:
     target_name: label of the target in the report (None: its size).
     draft_name: label of the draft in the report.
     timing_repeats: repeats of each step-time measurement (medians).
-    max_auto_gamma: the largest γ `gamma='auto'` considers (>= 1).
+    max_auto_gamma: the largest γ `gamma='auto'` considers (>= 1); with
+      `decode_method='beam'`, the draft-tree depth of the speculative calls
+      (each iteration is a plain beam step or such a call; set it to 2,
+      `sd.beam_search`'s default: the eval's 8 builds deep trees).
   """
 
   task: str | None
