@@ -213,6 +213,42 @@ def test_auto_greedy_identity_and_report(pair, fixed_costs):
   assert choice['cost_cache']['measured']
 
 
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_auto_runs_the_plain_program_where_no_gamma_can_pay(
+  pair, monkeypatch, tmp_path, temperature
+):
+  """Costs under which even alpha 1 cannot pay (gamma g costs more than
+  g + 1 plain steps): auto returns plain decoding's own tokens, draws
+  included, with every iteration at gamma 0; costs where alpha 1 would pay
+  (the negative control) run the policy loop."""
+  target, draft = pair
+  enc = encoder_batch(4, 7, 32, seed=5)
+  hopeless = [1.0, 2.1, 3.2, 4.3]
+  assert not gamma_policy.can_pay(hopeless)
+  assert gamma_policy.can_pay([1.0, 1.9, 3.2, 4.3])
+  assert gamma_policy.can_pay([np.inf, 2.1, 3.2, 4.3])
+  kw = dict(max_decode_len=12, temperature=temperature, seed=3)
+  plain = sd.generate(target, enc, **kw)
+  for seconds, pays in ((hopeless, False), (SECONDS, True)):
+    monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path / str(pays)))
+    monkeypatch.setattr(auto_gamma, '_memory', {})
+    monkeypatch.setattr(auto_gamma, 'measure', lambda *a, s=seconds, **k: s)
+    out = sd.generate(
+      target, enc, draft=draft, gamma='auto', max_auto_gamma=3, **kw
+    )
+    choice = out.gamma_choice
+    assert choice['can_pay'] is pays
+    drafted = sum(n for g, n in choice['gamma_iterations'].items() if g)
+    if not pays:
+      np.testing.assert_array_equal(out.tokens, plain.tokens)
+      np.testing.assert_array_equal(out.lengths, plain.lengths)
+      assert drafted == 0 and out.stats.draft_calls == 0
+      assert choice['gamma_iterations'][0] == out.stats.target_calls
+      np.testing.assert_array_equal(out.stats.row_iterations, plain.lengths)
+    else:
+      assert drafted > 0  # The prior's optimism drafts first.
+
+
 # ----------------------------------------------------------- cost cache
 
 

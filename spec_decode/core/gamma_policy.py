@@ -50,6 +50,7 @@ below the batch's gamma can only expect fewer tokens (E grows with gamma).
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # The pooled estimate starts as PRIOR_WEIGHT tested positions of beta
 # PRIOR_ALPHA: optimistic, so that speculation is tried (and alpha measured)
@@ -134,6 +135,23 @@ def goodput(
   tokens = expected_tokens(alphas[:, None], gammas[None])  # [B, G + 1]
   total = jnp.sum(jnp.where(active[:, None], tokens, 0.0), axis=0)
   return total / seconds
+
+
+def can_pay(seconds) -> bool:
+  """Whether some gamma >= 1 could beat gamma 0 at all (host-side).
+
+  True when, with every draft token accepted (alpha at its cap), a gamma
+  >= 1 would give more tokens per second than plain steps under the
+  measured `seconds [G + 1]`; False means no acceptance rate makes
+  speculation pay at this batch size, so the policy would run gamma 0 and
+  probe for nothing. True when gamma 0 is not a candidate (inf).
+  """
+  seconds = np.asarray(seconds, np.float64)
+  if not np.isfinite(seconds[0]):
+    return True
+  gammas = np.arange(1, seconds.shape[0])
+  best = np.asarray(expected_tokens(_MAX_ALPHA, gammas)) / seconds[1:]
+  return bool(np.any(best > 1.0 / seconds[0]))
 
 
 def probe_period(

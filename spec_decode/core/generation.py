@@ -109,8 +109,11 @@ class GenerateOutput:
     stats: `SpecStats` for speculative decoding, None for plain decoding.
     gamma_choice: with `gamma='auto'`, what the policy used and did
       (`{'policy', 'max_gamma', 'iteration_seconds', 'gamma_iterations',
-      'cost_cache'}`: seconds per loop iteration at each gamma, the batch's
-      iterations run at each gamma, the cost cache entry), else None.
+      'cost_cache', 'can_pay'}`: seconds per loop iteration at each gamma,
+      the batch's iterations run at each gamma, the cost cache entry, and
+      whether any gamma >= 1 could pay at these costs: where none could
+      even with every draft token accepted, the decode ran plain decoding's
+      program, all at gamma 0), else None.
   """
 
   tokens: np.ndarray
@@ -336,10 +339,40 @@ def generate(
   # The policy's costs: measured on this program (forced gammas, their own
   # keys) or read from the cache; never from this decode's draws.
   seconds, cache = auto_gamma.iteration_seconds(model, draft, enc, settings)
-  policy = gamma_policy.PolicyInputs.create(seconds)
-  out = _speculative(model, draft, enc, keys, settings, batch, policy)
+  if gamma_policy.can_pay(seconds):
+    policy = gamma_policy.PolicyInputs.create(seconds)
+    out = _speculative(model, draft, enc, keys, settings, batch, policy)
+  else:
+    out = _plain_as_auto(model, enc, keys, settings, batch)
   return dataclasses.replace(
-    out, gamma_choice=_policy_report(out.stats, seconds, cache)
+    out,
+    gamma_choice=_policy_report(
+      out.stats, seconds, cache, gamma_policy.can_pay(seconds)
+    ),
+  )
+
+
+def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:
+  """gamma='auto' where no acceptance rate could make a gamma >= 1 pay:
+  plain decoding's own program (the policy loop at gamma 0 throughout,
+  without its per-iteration work and probes; the same draws, since a
+  gamma-0 iteration keys its token as a plain step does), counted as
+  gamma-0 iterations."""
+  plain = dataclasses.replace(
+    settings, gamma=1, gamma_policy=False, dynamic_gamma=0.0
+  )
+  out, lengths = placement.to_host(
+    loops.plain_decode_jit(model, enc, keys, settings=plain)
+  )
+  out, lengths = out[:batch], lengths[:batch]
+  steps = jnp.asarray(lengths, jnp.int32)
+  counters = loops.SpecCounters.zeros(batch, settings.gamma, with_gammas=True)
+  counters = counters.replace(
+    iterations=steps,
+    gamma_histogram=counters.gamma_histogram.at[:, 0].set(steps),
+  )
+  return GenerateOutput(
+    out, lengths, SpecStats.from_counters(counters, lengths)
   )
 
 
@@ -358,7 +391,7 @@ def _speculative(
   )
 
 
-def _policy_report(stats: 'SpecStats', seconds, cache) -> dict:
+def _policy_report(stats: 'SpecStats', seconds, cache, can_pay: bool) -> dict:
   """What gamma='auto' used and did (`GenerateOutput.gamma_choice`)."""
   hist = stats.row_gamma_histogram
   # The decision is the batch's: the row that ran longest saw every
@@ -372,6 +405,7 @@ def _policy_report(stats: 'SpecStats', seconds, cache) -> dict:
     },
     'gamma_iterations': {g: int(n) for g, n in enumerate(longest)},
     'cost_cache': cache,
+    'can_pay': can_pay,
   }
 
 
