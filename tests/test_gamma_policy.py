@@ -225,7 +225,10 @@ def test_auto_runs_the_plain_program_where_no_gamma_can_pay(
   enc = encoder_batch(4, 7, 32, seed=5)
   hopeless = [1.0, 2.1, 3.2, 4.3]
   assert not gamma_policy.can_pay(hopeless)
-  assert gamma_policy.can_pay([1.0, 1.9, 3.2, 4.3])
+  assert gamma_policy.can_pay([1.0, 1.8, 3.2, 4.3])
+  # Within the loop's margin over plain decoding: not worth the loop.
+  assert not gamma_policy.can_pay([1.0, 1.95, 3.2, 4.3])
+  assert gamma_policy.can_pay([1.0, 1.95, 3.2, 4.3], margin=0.0)
   assert gamma_policy.can_pay([np.inf, 2.1, 3.2, 4.3])
   kw = dict(max_decode_len=12, temperature=temperature, seed=3)
   plain = sd.generate(target, enc, **kw)
