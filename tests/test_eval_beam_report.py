@@ -98,7 +98,7 @@ def test_beam_report_counts_steps_not_tokens():
   assert '| 21 (21) |' in text  # steps, speculative (plain)
   assert 'exact (beams and scores)' in text
   assert 'brevity penalty alpha 0.6' in text
-  assert 'Draft depths covered per target call' in text
+  assert 'Draft depths covered per speculative call' in text
   # The chain model's predictions and tokens per call are not shown.
   assert 'Thm 3.8' not in text and 'tokens/target call' not in text
 
