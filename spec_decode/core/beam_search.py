@@ -287,8 +287,7 @@ def beam_search(
     )
   if draft is not None:
     _check_draft(model, draft)
-    if draft is not model:  # the target drafting for itself stays itself
-      draft = model_drafter.drafting_copy(draft)
+    draft = model_drafter.drafting_copy(draft, model)
     if layout.children >= model.vocab_size:
       raise ValueError(
         f'draft_children must be below the vocabulary size '

@@ -297,8 +297,7 @@ def generate(
   tokens = _check_tokens(placement.local_data(encoder_tokens), model.vocab_size)
   if draft is not None:
     check_pair(model, draft)
-    if draft is not model:  # the target drafting for itself stays itself
-      draft = model_drafter.drafting_copy(draft)
+    draft = model_drafter.drafting_copy(draft, model)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
   settings = DecodeSettings(
     max_decode_len=int(max_decode_len),
@@ -339,16 +338,14 @@ def generate(
   # The policy's costs: measured on this program (forced gammas, their own
   # keys) or read from the cache; never from this decode's draws.
   seconds, cache = auto_gamma.iteration_seconds(model, draft, enc, settings)
-  if gamma_policy.can_pay(seconds):
+  pays = gamma_policy.can_pay(seconds)
+  if pays:
     policy = gamma_policy.PolicyInputs.create(seconds)
     out = _speculative(model, draft, enc, keys, settings, batch, policy)
   else:
     out = _plain_as_auto(model, enc, keys, settings, batch)
   return dataclasses.replace(
-    out,
-    gamma_choice=_policy_report(
-      out.stats, seconds, cache, gamma_policy.can_pay(seconds)
-    ),
+    out, gamma_choice=_policy_report(out.stats, seconds, cache, pays)
   )
 
 

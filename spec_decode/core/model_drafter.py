@@ -169,11 +169,14 @@ def _dynamic_steps(model, sampler, ds, x1, step_keys, tau):
   return jnp.swapaxes(xs, 0, 1), qs, num, ds
 
 
-def drafting_copy(draft):
+def drafting_copy(draft, target):
   """`draft.for_drafting()` where the draft offers a cheaper copy
-  (`protocol.DraftingCopy`), else `draft`; None stays None."""
+  (`protocol.DraftingCopy`), else `draft`. The target drafting for itself
+  stays itself (it proposes the target's own tokens); None stays None."""
   for_drafting = getattr(draft, 'for_drafting', None)
-  return draft if for_drafting is None else for_drafting()
+  if for_drafting is None or draft is target:
+    return draft
+  return for_drafting()
 
 
 def as_drafter(draft):

@@ -268,7 +268,8 @@ class Decoder:
         return
       cache = out.cost_cache
       plain, call = out.iteration_seconds
-      seconds = {'0': plain, str(self.settings.max_auto_gamma): call}
+      depth = out.histogram.shape[1] - 1  # The calls' tree depth.
+      seconds = {'0': plain, str(depth): call}
     else:
       choice = getattr(out, 'gamma_choice', None)
       if not choice:
