@@ -119,7 +119,7 @@ def test_auto_run_decodes_with_the_policy_and_reports_it(
   # Gamma 0 predicts plain speed: E[tokens] 1 over v(1) = 1.
   assert r['speedup_predicted'] == pytest.approx(1.0)
   policy = r['gamma_policy']
-  assert (policy['policy'], policy['max_gamma']) == ('goodput', 3)
+  assert (policy['policy'], policy['max_gamma']) == ('finish_time', 3)
   [model] = policy['cost_models']
   assert model['measured'] is True
   assert model['iteration_seconds'] == {
@@ -133,7 +133,7 @@ def test_auto_run_decodes_with_the_policy_and_reports_it(
     assert spec['gamma_iterations'] == [spec['iterations'], 0, 0, 0]
   with open(os.path.join(out, eval_lib.SUMMARY_FILE), encoding='utf-8') as f:
     summary = f.read()
-  assert 'gamma = auto: the goodput policy' in summary
+  assert 'gamma = auto: the finish-time policy' in summary
   assert 'no calibration decode' in summary
   assert f'Cost model {model["key"]}' in summary
   assert 'measured by this run' in summary

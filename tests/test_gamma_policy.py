@@ -1,11 +1,11 @@
-"""gamma='auto': the in-loop goodput policy, its cost cache, its exactness.
+"""gamma='auto': the in-loop finish-time policy, its cost cache, exactness.
 
 The whole-sequence distribution tests (method, sample size N = 24,000 and
 false-alarm rate 1e-3: `_distribution_util`) run `generate(gamma='auto')`
-with the cost model fixed (`auto_gamma.measure` patched to return seconds
-under which the policy's choice moves between gamma 0, 2 and 3 as its
-acceptance estimate moves), so gammas change inside decodes at run time,
-gamma 0 included. Negative control: the same decodes with the residual
+with the cost model fixed (`auto_gamma.measure` patched to return
+SAMPLING_SECONDS, under which the policy's choice moves between gamma 2, 1
+and 0 as the rows' remaining lengths and acceptance estimates move), so
+gammas change inside decodes at run time, gamma 0 included. Negative control: the same decodes with the residual
 dropped (`ResidualDroppingVerifier`) must fail the same test.
 """
 
@@ -30,65 +30,157 @@ from spec_decode.core import loops
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.generation import row_keys
 
-# Per-iteration seconds for gamma 0..3: the best gamma is 3 at alpha 0.8
-# (the prior), 2 at alpha 0.5-0.6 and 0 below about 0.45.
+# Per-iteration seconds for gamma 0..3: for one row with 64 tokens left the
+# best gamma is 3 at alpha 0.8 (the prior), 2 at alpha 0.5-0.6 and 0 below
+# about 0.45.
 SECONDS = [1.0, 1.5, 1.7, 1.9]
+
+
+# For the distribution tests (4,000 rows of at most 4 tokens a decode): the
+# slowest of 4,000 rows almost surely needs an iteration per token, so the
+# policy drafts only where a draft iteration costs about a plain step; these
+# give gamma 2 first, then gammas 1 and 0 (temperature 1: 4,000 / 1,938 /
+# 3,255 row-iterations in the first batch).
+SAMPLING_SECONDS = [1.0, 1.01, 1.02, 1.03]
+
+
+def _fix_costs(monkeypatch, tmp_path, seconds):
+  monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path))
+  monkeypatch.setattr(auto_gamma, '_memory', {})
+  monkeypatch.setattr(auto_gamma, 'measure', lambda *a, **k: list(seconds))
 
 
 @pytest.fixture
 def fixed_costs(monkeypatch, tmp_path):
-  monkeypatch.setenv('SPEC_DECODE_CACHE_DIR', str(tmp_path))
-  monkeypatch.setattr(auto_gamma, '_memory', {})
-  monkeypatch.setattr(auto_gamma, 'measure', lambda *a, **k: list(SECONDS))
+  _fix_costs(monkeypatch, tmp_path, SECONDS)
+
+
+@pytest.fixture
+def sampling_costs(monkeypatch, tmp_path):
+  _fix_costs(monkeypatch, tmp_path, SAMPLING_SECONDS)
 
 
 # ------------------------------------------------------------ the policy
 
 
-def _choose(alphas, active, seconds, tested=1000.0):
+def _choose(alphas, active, seconds, tested=1000.0, remaining=64):
   alphas = np.asarray(alphas, np.float32)
   return int(
     gamma_policy.choose(
       alphas * tested,
       np.full(alphas.shape, tested, np.float32),
       np.asarray(active),
+      np.broadcast_to(np.int32(remaining), alphas.shape),
       gamma_policy.PolicyInputs.create(seconds),
       np.int32(0),
     )
   )
 
 
-def test_policy_picks_the_most_tokens_per_second():
+def test_policy_picks_the_soonest_finish():
   assert _choose([0.8], [True], SECONDS) == 3
   assert _choose([0.55], [True], SECONDS) == 2
   assert _choose([0.2], [True], SECONDS) == 0
   # Only active rows count: a finished high-alpha row does not drag gamma.
   assert _choose([0.2, 0.95], [True, False], SECONDS) == 0
-  assert _choose([0.2, 0.95], [True, True], SECONDS) == 3
+  assert _choose([0.9, 0.95], [True, True], SECONDS) == 3
+  # The batch ends with its slowest row: a row the draft cannot serve
+  # holds the batch at gamma 0 (tokens per second summed over the rows
+  # would draft for the other).
+  assert _choose([0.2, 0.95], [True, True], SECONDS) == 0
   # A gamma that is not a candidate (inf seconds) is never picked.
   assert _choose([0.2], [True], [np.inf, 1.5, 1.7, 1.9]) == 1
 
 
-def test_policy_never_predicts_less_than_plain():
+def test_policy_never_predicts_slower_than_plain():
   rng = np.random.default_rng(0)
   for _ in range(50):
     seconds = np.sort(rng.uniform(0.5, 3.0, 5))
     alphas = rng.uniform(0, 1, 6).astype(np.float32)
     active = rng.uniform(size=6) < 0.7
-    g = _choose(alphas, active, seconds)
-    rates = np.asarray(
-      gamma_policy.goodput(
+    remaining = rng.integers(1, 100, 6)
+    g = _choose(alphas, active, seconds, remaining=remaining)
+    finish = np.asarray(
+      gamma_policy.finish_seconds(
         gamma_policy.row_alphas(alphas * 1000, np.full(6, 1000.0), active),
         active,
+        remaining,
         np.asarray(seconds, np.float32),
       )
     )
-    assert rates[g] >= rates[0] and rates[g] == rates.max()
+    assert finish[g] <= finish[0] and finish[g] == finish.min()
+
+
+def _exact_finish_iterations(alpha, gamma, remaining, rows):
+  """Expected iterations until the slowest of `rows` iid rows has emitted
+  `remaining` tokens at a fixed gamma (dynamic programming, exact)."""
+  k = np.arange(1, gamma + 2)
+  p = alpha ** (k - 1.0) * (1.0 - alpha)
+  p[-1] = alpha**gamma
+  dist = np.zeros(remaining + 1)  # tokens so far, capped at `remaining`
+  dist[0] = 1.0
+  expected, done = 0.0, 0.0
+  while done < 1.0 - 1e-12:
+    expected += 1.0 - done**rows  # P(the slowest row is not done yet)
+    new = np.zeros_like(dist)
+    for kk, pp in zip(k, p):
+      np.add.at(new, np.minimum(np.arange(remaining + 1) + kk, remaining), pp * dist)
+    dist, done = new, new[-1]
+  return expected
+
+
+@pytest.mark.parametrize('alpha', [0.5, 0.8, 0.95])
+def test_finish_time_tracks_the_exact_expected_maximum(alpha):
+  # The renewal-normal approximation against the exact expectation: within
+  # 5% with 64 tokens left, 15% with 10 and 30% with 5 (few iterations left: the
+  # count is far from normal), over gammas 1-7 and 1, 8 or 32 rows.
+  seconds = np.ones(8, np.float32)
+  for remaining, tol in ((64, 0.05), (10, 0.15), (5, 0.3)):
+    for rows in (1, 8, 32):
+      approx = np.asarray(
+        gamma_policy.finish_seconds(
+          np.full(rows, alpha, np.float32),
+          np.ones(rows, bool),
+          np.full(rows, remaining),
+          seconds,
+        )
+      )
+      for g in (1, 2, 4, 7):
+        exact = _exact_finish_iterations(alpha, g, remaining, rows)
+        assert abs(approx[g] / exact - 1.0) <= tol, (remaining, rows, g)
+
+
+def test_stragglers_keep_a_large_batch_plain():
+  # Costs measured on the CPU at batch 32 (base-size models, the full
+  # bench grid): a gamma-7 iteration cost 6.26 plain steps.
+  ms = [75.4, 154.1, 199.3, 258.4, 329.1, 380.4, 426.4, 471.7, 586.4]
+  # One row at alpha 0.95 is worth drafting for (gamma 2: 60 plain steps'
+  # time for 64 tokens)...
+  assert _choose([0.95], [True], ms) >= 1
+  # ...but 32 of them end with the slowest: 12.6 gamma-7 iterations for 64
+  # tokens (exact), 79 plain steps' time against 64. Plain it is, and
+  # plain for the last 10 tokens of one row too (the bonus past the limit
+  # is dropped).
+  assert _choose([0.95] * 32, [True] * 32, ms) == 0
+  assert _choose([0.95], [True], ms, remaining=10) == 0
+  # Negative control: tokens per second summed over the rows (the previous
+  # objective) drafts at batch 32 (gamma 3, 8% over plain by its count),
+  # which the exact expectation says is slower than plain.
+  alphas = np.full(32, 0.95, np.float32)
+  rate = gamma_policy.iteration_moments(alphas, 9)[0].sum(0) / np.float32(ms)
+  old = int(np.argmax(rate))
+  assert old >= 1 and rate[old] > 1.05 * rate[0]
+  assert _exact_finish_iterations(0.95, old, 64, 32) * ms[old] > 64 * ms[0]
 
 
 def test_forced_schedule_and_iteration_limit():
   inputs = gamma_policy.PolicyInputs.create(SECONDS, forced_gamma=[0, 2, -1])
-  args = (np.zeros(1, np.float32), np.zeros(1, np.float32), np.ones(1, bool))
+  args = (
+    np.zeros(1, np.float32),
+    np.zeros(1, np.float32),
+    np.ones(1, bool),
+    np.full(1, 64),
+  )
   picks = [
     int(gamma_policy.choose(*args, inputs, np.int32(i))) for i in range(4)
   ]
@@ -100,13 +192,13 @@ def test_gamma_zero_is_probed_periodically():
   # at gamma 0 that is one probe per 25 plain steps.
   inputs = gamma_policy.PolicyInputs.create(SECONDS)
   assert int(gamma_policy.probe_period(inputs.seconds)) == 25
-  low = (np.float32([200.0]), np.float32([1000.0]), np.ones(1, bool))
+  low = (np.float32([200.0]), np.float32([1000.0]), np.ones(1, bool), [64])
   pick = lambda idle: int(  # noqa: E731
     gamma_policy.choose(*low, inputs, np.int32(0), np.int32(idle))
   )
   assert [pick(0), pick(24), pick(25), pick(40)] == [0, 0, 1, 1]
   # A gamma the policy wants anyway is not changed by the idle count.
-  high = (np.float32([900.0]), np.float32([1000.0]), np.ones(1, bool))
+  high = (np.float32([900.0]), np.float32([1000.0]), np.ones(1, bool), [64])
   assert int(gamma_policy.choose(*high, inputs, np.int32(0), 30)) == 3
   # Never a probe where gamma 0 is the only sensible choice to measure.
   none = gamma_policy.PolicyInputs.create([1.0, np.inf, np.inf, np.inf])
@@ -348,18 +440,19 @@ AUTO = dict(gamma='auto', max_auto_gamma=3)
     for n in sorted(SETTINGS)
   ],
 )
-def test_auto_samples_the_target_distribution(models, fixed_costs, name):
+def test_auto_samples_the_target_distribution(models, sampling_costs, name):
   target, draft = models
   kw = SETTINGS[name]
   seqs, p = exact_probs(target, ENC, sd.Sampler(**kw))
   samples, run_stats = sample_sequences(target, draft, ENC, **AUTO, **kw)
   used = sum(s.row_gamma_histogram.sum(0) for s in run_stats)
-  assert (used > 0).sum() >= 2  # gamma changed inside the decodes
+  # Gamma changed inside the decodes, gamma 0 (plain steps) among them.
+  assert (used > 0).sum() >= 3 and used[0] > 0
   assert g_test(samples, seqs, p) > FALSE_ALARM
 
 
 def test_negative_control_auto_dropping_the_residual_is_detected(
-  models, fixed_costs
+  models, sampling_costs
 ):
   target, draft = models
   kw = SETTINGS['temperature_1']

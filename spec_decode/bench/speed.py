@@ -9,7 +9,7 @@ Sections (all medians over repeats, after warm-up, in one process):
      with the generalized prediction E[tokens] / (gamma c + v) from measured
      c and v, end to end and for the decode loops alone (setup subtracted);
   4. tokens/s of plain and speculative decoding at batch 1, 4, 8, 16;
-  4b. gamma='auto' (the in-loop goodput policy) against plain and each
+  4b. gamma='auto' (the in-loop finish-time policy) against plain and each
      fixed gamma over a grid of batch sizes x controlled alphas
      (`bench.batch_policy`, JSON key `batch_policy`);
   5. peer: Hugging Face transformers greedy and assisted generation against

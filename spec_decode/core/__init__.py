@@ -21,7 +21,7 @@ through `drafter.Drafter`.
   tree_auto.py       tree='auto': shape from measured acceptance and cost
   placement.py       the mesh interface generate needs; host arrays
   costs.py           timing c and v(k)
-  gamma_policy.py    gamma='auto': the per-iteration goodput policy
+  gamma_policy.py    gamma='auto': the per-iteration finish-time policy
   auto_gamma.py      its cost model: loop seconds per gamma, cached on disk
   pair_check.py      is a target/draft pair exact? (`sd.verify`)
   ids.py             pad/start, EOS and unk ids

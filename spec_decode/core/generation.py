@@ -395,7 +395,7 @@ def _policy_report(stats: 'SpecStats', seconds, cache, can_pay: bool) -> dict:
   # iteration.
   longest = hist[int(np.argmax(stats.row_iterations))]
   return {
-    'policy': 'goodput',
+    'policy': 'finish_time',
     'max_gamma': len(seconds) - 1,
     'iteration_seconds': {
       g: (float(s) if np.isfinite(s) else None) for g, s in enumerate(seconds)

@@ -367,6 +367,7 @@ def speculative_decode(
       state.counters.beta_sum,
       jnp.sum(state.counters.position_tries, axis=1),
       ~state.done,
+      settings.max_decode_len - state.length,
       policy,
       state.step,
       state.policy_idle,

@@ -356,7 +356,7 @@ def _auto_lines(r: dict[str, Any]) -> list[str]:
   """What the auto-γ policy did and the cost model(s) it used."""
   g_max = r['max_gamma']
   lines = [
-    f"gamma = auto: the goodput policy chose each iteration's γ in "
+    f"gamma = auto: the finish-time policy chose each iteration's γ in "
     f'0..{g_max} inside the loop (no calibration decode); iterations per '
     f'γ 0..{g_max}, summed over batches: {r["gamma_iterations"]}; mean γ '
     f"{_f(r['mean_gamma'])} over the rows' iterations (the predictions "

@@ -26,7 +26,7 @@ loads or compiles. One run:
 `gamma` is an int, a list of ints (a sweep: every γ is decoded and speedup
 against γ is plotted; the top-level fields describe the first γ), or
 `'auto'`: the speculative side is `sd.generate(gamma='auto')`, whose
-goodput policy picks each iteration's γ in {0, ..., max_auto_gamma} inside
+finish-time policy picks each iteration's γ in {0, ..., max_auto_gamma} inside
 the compiled loop from the rows' running acceptance and a cost model
 measured once and cached on disk (`core/gamma_policy.py`,
 `core/auto_gamma.py`). Nothing is decoded to choose γ and the policy never
@@ -242,7 +242,7 @@ def run_identity(
     'vocabulary': vocab.digest,
   }
   if s.gamma == 'auto':
-    identity['gamma_policy'] = 'goodput'
+    identity['gamma_policy'] = 'finish_time'
     identity['max_auto_gamma'] = s.max_auto_gamma
   return json.loads(json.dumps(identity))
 
@@ -354,7 +354,7 @@ def _merge_cost_models(state: dict[str, Any], decode: decoding.Decoder) -> bool:
   policy = state.setdefault(
     'gamma_policy',
     {
-      'policy': 'goodput',
+      'policy': 'finish_time',
       'max_gamma': decode.settings.max_auto_gamma,
       'cost_models': [],
     },

@@ -237,7 +237,7 @@ class EvalSettings:
     batch_size: rows per decode (the paper: 1).
     gamma: an int, a list of ints (a sweep: every γ is decoded; the
       top-level results describe the first) or `'auto'` (the in-loop
-      goodput policy of `sd.generate(gamma='auto')`: each iteration picks
+      finish-time policy of `sd.generate(gamma='auto')`: each iteration picks
       its γ in {0, ..., max_auto_gamma}); stored as a tuple of distinct
       ints or `'auto'` (`parse_gamma`).
     temperature: >= 0; 0 is greedy.

@@ -218,6 +218,7 @@ def train(
   label_smoothing: float = 0.0,
   z_loss: float = 1e-4,
   teacher_path: str | None = None,
+  init_from: str | None = None,
   distill_weight: float = 1.0,
   distill_temperature: float = 1.0,
   distill_targets: str = 'references',
@@ -257,6 +258,11 @@ def train(
     teacher_path: a `Model.load` path (`paths.resolve`d); when set, the
       loss mixes in the KL to the teacher's soft targets (the teacher must
       share the vocabulary).
+    init_from: a `Model.load` path (`paths.resolve`d) whose parameters
+      start a new run instead of a random initialization (a warm start:
+      the optimizer, step and schedule start fresh). Ignored when the run
+      resumes from its own checkpoint. Its config must match
+      `model_config`'s shapes and its vocabulary the run's.
     distill_weight: weight `w` of the KL term (1.0: pure distillation).
     distill_temperature: softmax temperature of the soft targets.
     distill_targets: with a teacher, what the student is trained on:
@@ -300,6 +306,26 @@ def train(
   if distill_targets == 'teacher_greedy' and not teacher_path:
     raise ValueError("distill_targets='teacher_greedy' needs a teacher_path")
   task_objs = [tasks_lib.get_task(name, data_dir) for name in task_names]
+  init_model = None
+  if init_from:
+    # Checked before any tokenizing or compiling, so a wrong path or shape
+    # fails in seconds.
+    init_model = t5_model.Model.load(paths.resolve(init_from), dtype='float32')
+    vocab_lib.check_compatible(init_model.vocabulary, vocabulary)
+    want = jax.eval_shape(
+      lambda: t5_model.Model.init(
+        model_config.replace(param_dtype=jnp.float32), seed=seed
+      ).params
+    )
+    got = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), init_model.params)
+    if jax.tree.structure(want) != jax.tree.structure(got) or any(
+      a.shape != b.shape
+      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got))
+    ):
+      raise ValueError(
+        f'init_from {init_from!r}: its parameters do not have the shapes of '
+        'model_config (a different network)'
+      )
 
   def tokenized(split, limit):
     per_task = limit and -(-limit // len(task_objs))
@@ -347,9 +373,14 @@ def train(
     weight_decay,
     clip_norm=clip_norm,
   )
-  state, resumed = common.init_or_restore(
-    model_dir, lambda: t5_model.Model.init(config, seed=seed).params, optimizer
-  )
+  def init_params():
+    if init_model is not None:
+      return jax.tree.map(
+        lambda x: jnp.asarray(x, jnp.float32), init_model.params
+      )
+    return t5_model.Model.init(config, seed=seed).params
+
+  state, resumed = common.init_or_restore(model_dir, init_params, optimizer)
   base_key = jax.random.fold_in(jax.random.key(seed), 1)
   train_step = jax.jit(
     _train_step, static_argnums=(5, 6, 7), donate_argnums=(0,)
@@ -387,7 +418,12 @@ def train(
     f'{train_data.batches_per_epoch} batches/epoch; '
     f'{"resuming at" if resumed else "starting at"} step {int(state.step)} '
     f'of {train_steps}'
-    + (' (distilling from ' + teacher_path + ')' if teacher_path else ''),
+    + (' (distilling from ' + teacher_path + ')' if teacher_path else '')
+    + (
+      ' (initialized from ' + init_from + ')'
+      if init_from and not resumed
+      else ''
+    ),
     flush=True,
   )
   run = common.train_loop(
