@@ -47,10 +47,16 @@ def _inputs(batch: int) -> np.ndarray:
 
 
 def _timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, float]:
-  """Median seconds of each `runs[name]()`, one call of each per round."""
+  """Median seconds of each `runs[name]()`, one call of each per round.
+
+  The order is reversed every other round: in a fixed order a run always
+  follows the same neighbour, whose leftover state (caches, allocator)
+  it inherits, which moved ratios by several percent at batch 16.
+  """
   times = {name: [] for name in runs}
-  for _ in range(repeats):
-    for name, fn in runs.items():
+  for r in range(repeats):
+    order = list(runs.items())
+    for name, fn in order if r % 2 == 0 else order[::-1]:
       t0 = time.perf_counter()
       jax.block_until_ready(fn())
       times[name].append(time.perf_counter() - t0)

@@ -10,6 +10,7 @@ acceptance rate; each speedup is over that implementation's own greedy
 decoding. Transformers' assisted generation is batch 1 only.
 """
 
+import inspect
 import tempfile
 from typing import Any
 
@@ -142,15 +143,23 @@ def run(
       transformers.DynamicCache(), transformers.DynamicCache()
     )
 
+  # transformers 5.24 renamed generate's `past_key_values` to `cache` (the
+  # old name still works, with a deprecation warning): pass the name this
+  # version's generation code takes.
+  takes_cache = 'cache' in inspect.signature(
+    hf_target.prepare_inputs_for_generation
+  ).parameters
+  cache_arg = 'cache' if takes_cache else 'past_key_values'
+
   def hf_plain():
     with torch.no_grad():
-      return hf_target.generate(**common, past_key_values=fresh_cache())
+      return hf_target.generate(**common, **{cache_arg: fresh_cache()})
 
   def hf_assisted():
     with torch.no_grad():
       return hf_target.generate(
         **common,
-        past_key_values=fresh_cache(),
+        **{cache_arg: fresh_cache()},
         assistant_model=hf_draft,
         num_assistant_tokens=gamma,
         num_assistant_tokens_schedule='constant',

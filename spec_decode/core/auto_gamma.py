@@ -179,10 +179,13 @@ def measure(
   # load on a shared machine moves them alike; a short decode (high gamma,
   # high acceptance) is run several times per round (up to 4), so that
   # each gamma's time rests on about as many iterations.
+  # The order is reversed every other round, so that no gamma always runs
+  # right after the same neighbour.
   setups, rounds = [], {g: [] for g in forced}
-  for _ in range(repeats):
+  for r in range(repeats):
     setups.append(_median_seconds(lambda: run(empty), 1))
-    for g, p in forced.items():
+    order = list(forced.items())
+    for g, p in order if r % 2 == 0 else order[::-1]:
       k = min(math.ceil(iterations / ran[g]), 4)
       t0 = time.perf_counter()
       for _ in range(k):
