@@ -5,8 +5,9 @@ false-alarm rate 1e-3: `_distribution_util`) run `generate(gamma='auto')`
 with the cost model fixed (`auto_gamma.measure` patched to return
 SAMPLING_SECONDS, under which the policy's choice moves between gamma 2, 1
 and 0 as the rows' remaining lengths and acceptance estimates move), so
-gammas change inside decodes at run time, gamma 0 included. Negative control: the same decodes with the residual
-dropped (`ResidualDroppingVerifier`) must fail the same test.
+gammas change inside decodes at run time, gamma 0 included. Negative
+control: the same decodes with the residual dropped
+(`ResidualDroppingVerifier`) must fail the same test.
 """
 
 import numpy as np
@@ -123,8 +124,10 @@ def _exact_finish_iterations(alpha, gamma, remaining, rows):
   while done < 1.0 - 1e-12:
     expected += 1.0 - done**rows  # P(the slowest row is not done yet)
     new = np.zeros_like(dist)
-    for kk, pp in zip(k, p):
-      np.add.at(new, np.minimum(np.arange(remaining + 1) + kk, remaining), pp * dist)
+    for kk, pp in zip(k, p, strict=True):
+      np.add.at(
+        new, np.minimum(np.arange(remaining + 1) + kk, remaining), pp * dist
+      )
     dist, done = new, new[-1]
   return expected
 

@@ -345,6 +345,34 @@ def test_distillation_from_a_teacher_and_bfloat16_export(tmp_path, vocab_file):
   assert jax.tree.leaves(as_fp32.params)[0].dtype == np.float32
 
 
+def test_init_from_starts_a_new_run_at_a_saved_models_parameters(
+  tmp_path, vocab_file
+):
+  first = _train(tmp_path / 'first', vocab_file, train_steps=6)
+  # No steps: the exported model is the starting point itself.
+  warm = _train(
+    tmp_path / 'warm', vocab_file, train_steps=0, init_from=first.model_path
+  )
+  a = t5_model.Model.load(first.model_path).params
+  b = t5_model.Model.load(warm.model_path).params
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  # Negative control: without init_from the run starts elsewhere.
+  cold = _train(tmp_path / 'cold', vocab_file, train_steps=0)
+  c = t5_model.Model.load(cold.model_path).params
+  assert not all(
+    np.array_equal(x, y)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c), strict=True)
+  )
+  # Another network is refused before anything is tokenized or compiled.
+  with pytest.raises(ValueError, match='do not have the shapes'):
+    _train(
+      tmp_path / 'bad',
+      vocab_file,
+      model_config=_config(emb_dim=16),
+      init_from=first.model_path,
+    )
+
+
 def test_sequence_distillation_trains_on_the_teacher_greedy_outputs(
   tmp_path, vocab_file
 ):
@@ -426,12 +454,15 @@ def clean_gin():
     ('configs/train_demo_draft.gin', 'models/demo/draft.gin'),
     ('configs/train_demo_target_gpu.gin', 'models/demo/target_gpu.gin'),
     ('configs/train_demo_draft_gpu.gin', 'models/demo/draft_gpu.gin'),
+    ('configs/train_demo_target_cpu_long.gin', 'models/demo/target.gin'),
+    ('configs/train_demo_draft_cpu_long.gin', 'models/demo/draft.gin'),
   ],
 )
 def test_train_configs_parse(clean_gin, name, model_file):
   gin_cli.parse([name], ["MODEL_DIR = '/tmp/x'"])
+  both = 'gpu' in name or 'cpu_long' in name
   assert gin.query_parameter('lm.train.task') == (
-    'debian_ende+debian_summarize' if 'gpu' in name else 'debian_ende'
+    'debian_ende+debian_summarize' if both else 'debian_ende'
   )
   assert gin_cli.macro('MODEL_DIR') == '/tmp/x'
   assert gin_cli.binds(lm.train) and not gin_cli.binds(train_heads.train_heads)

@@ -146,9 +146,10 @@ def run(
   # transformers 5.24 renamed generate's `past_key_values` to `cache` (the
   # old name still works, with a deprecation warning): pass the name this
   # version's generation code takes.
-  takes_cache = 'cache' in inspect.signature(
-    hf_target.prepare_inputs_for_generation
-  ).parameters
+  takes_cache = (
+    'cache'
+    in inspect.signature(hf_target.prepare_inputs_for_generation).parameters
+  )
   cache_arg = 'cache' if takes_cache else 'past_key_values'
 
   def hf_plain():

@@ -313,14 +313,18 @@ def train(
     init_model = t5_model.Model.load(paths.resolve(init_from), dtype='float32')
     vocab_lib.check_compatible(init_model.vocabulary, vocabulary)
     want = jax.eval_shape(
-      lambda: t5_model.Model.init(
-        model_config.replace(param_dtype=jnp.float32), seed=seed
-      ).params
+      lambda: (
+        t5_model.Model.init(
+          model_config.replace(param_dtype=jnp.float32), seed=seed
+        ).params
+      )
     )
-    got = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), init_model.params)
+    got = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), init_model.params
+    )
     if jax.tree.structure(want) != jax.tree.structure(got) or any(
       a.shape != b.shape
-      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got))
+      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True)
     ):
       raise ValueError(
         f'init_from {init_from!r}: its parameters do not have the shapes of '
@@ -373,6 +377,7 @@ def train(
     weight_decay,
     clip_norm=clip_norm,
   )
+
   def init_params():
     if init_model is not None:
       return jax.tree.map(
