@@ -455,7 +455,6 @@ def clean_gin():
     ('configs/train_demo_target_gpu.gin', 'models/demo/target_gpu.gin'),
     ('configs/train_demo_draft_gpu.gin', 'models/demo/draft_gpu.gin'),
     ('configs/train_demo_target_cpu_long.gin', 'models/demo/target.gin'),
-    ('configs/train_demo_draft_cpu_long.gin', 'models/demo/draft.gin'),
   ],
 )
 def test_train_configs_parse(clean_gin, name, model_file):
