@@ -23,10 +23,10 @@ probability alpha^g, mean E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha)
 static batch runs until its slowest row is done, so the rows' iteration
 counts enter as an expected maximum: z(n) is the expected largest of n
 standard normals (Blom's approximation Phi^-1((n - 0.375) / (n + 0.25))),
-n the active rows. alpha_r is the running acceptance estimate of row r:
-the mean of beta over the positions it tested so far, shrunk toward the
-batch's pooled mean, which itself starts from an optimistic prior so that
-the first iterations draft and measure. R_r is what row r may still emit
+n the active rows. alpha is the running acceptance estimate: the mean of
+beta over the positions the active rows tested so far, pooled over the
+rows (`policy_alphas` says why not per row), from an optimistic prior so
+that the first iterations draft and measure. R_r is what row r may still emit
 before the decode's length limit (an EOS can end it earlier; the limit is
 the only horizon known in advance).
 
@@ -87,8 +87,6 @@ import numpy as np
 # unless the measured costs say it cannot pay even at this alpha.
 PRIOR_ALPHA = 0.8
 PRIOR_WEIGHT = 2.0
-# A row's own estimate is shrunk toward the pooled one with this weight.
-ROW_PRIOR_WEIGHT = 4.0
 # Probes may add at most this fraction to the time spent at gamma 0.
 EXPLORE_COST = 0.02
 # What the policy loop's gamma-0 iteration costs over plain decoding's step
@@ -146,10 +144,19 @@ def expected_tokens(alpha: jax.Array, gammas: jax.Array) -> jax.Array:
   return (1.0 - alpha ** (gammas + 1.0)) / (1.0 - alpha)
 
 
-def row_alphas(
+def policy_alphas(
   beta_sum: jax.Array, tested: jax.Array, active: jax.Array
 ) -> jax.Array:
-  """Running acceptance estimates `[B]` from per-row counts.
+  """The acceptance estimate `[B]` the policy uses: the pooled one.
+
+  The mean of beta over every position the active rows tested, with the
+  prior (PRIOR_WEIGHT positions at PRIOR_ALPHA), the same for every row.
+  Not each row's own estimate: the finish time takes a maximum over rows,
+  and a maximum over noisy per-row estimates picks the unluckiest row's
+  noise (a winner's curse). Measured with per-row estimates (shrunk toward
+  the pool by 4 positions): at batch 2, alpha 0.5 (the same for both rows),
+  the policy ran gamma 0 for 60 of 64 iterations while fixed gamma 2 ran
+  1.18x plain. The spread term already models each row's luck given alpha.
 
   Args:
     beta_sum: `[B]` sum of beta over the positions each row tested.
@@ -161,7 +168,7 @@ def row_alphas(
   pooled = (jnp.sum(w * beta_sum) + PRIOR_WEIGHT * PRIOR_ALPHA) / (
     jnp.sum(w * tested) + PRIOR_WEIGHT
   )
-  return (beta_sum + ROW_PRIOR_WEIGHT * pooled) / (tested + ROW_PRIOR_WEIGHT)
+  return jnp.broadcast_to(pooled, beta_sum.shape)
 
 
 def iteration_moments(
@@ -280,7 +287,10 @@ def choose(
   """
   best = jnp.argmin(
     finish_seconds(
-      row_alphas(beta_sum, tested, active), active, remaining, inputs.seconds
+      policy_alphas(beta_sum, tested, active),
+      active,
+      remaining,
+      inputs.seconds,
     )
   ).astype(jnp.int32)
   probe = (best == 0) & (
