@@ -214,10 +214,10 @@ def generate(
       (`spec_decode.drafters`) with the target's vocabulary.
     gamma: draft tokens per iteration (>= 1), or 'auto': every iteration
       picks its gamma in {0, ..., max_auto_gamma} inside the compiled loop
-      (`core.gamma_policy`: the most expected tokens per second for the
-      rows still decoding, from their running acceptance estimates and the
-      loop's measured seconds per iteration at each gamma; 0 is a plain
-      target step). The seconds are measured once per models' shapes,
+      (`core.gamma_policy`: the soonest predicted end of the rows still
+      decoding, from their pooled running acceptance estimate, the tokens
+      each may still emit and the loop's measured seconds per iteration
+      at each gamma; 0 is a plain target step). The seconds are measured once per models' shapes,
       batch size, settings and device and cached on disk
       (`core.auto_gamma`); reported in `gamma_choice`.
     temperature: 0 is argmax.
