@@ -10,6 +10,8 @@ control: the same decodes with the residual dropped
 (`ResidualDroppingVerifier`) must fail the same test.
 """
 
+import types
+
 import numpy as np
 import pytest
 from _distribution_util import ENC
@@ -111,13 +113,42 @@ def test_policy_never_predicts_slower_than_plain():
     g = _choose(alphas, active, seconds, remaining=remaining)
     finish = np.asarray(
       gamma_policy.finish_seconds(
-        gamma_policy.policy_alphas(alphas * 1000, np.full(6, 1000.0), active),
+        gamma_policy.pooled_alpha(alphas * 1000, np.full(6, 1000.0), active),
         active,
         remaining,
         np.asarray(seconds, np.float32),
       )
     )
     assert finish[g] <= finish[0] and finish[g] == finish.min()
+
+
+def test_the_slowest_row_is_the_one_with_most_tokens_left():
+  # finish_seconds takes the longest active row's iterations; that is the
+  # maximum over the active rows because row_iterations grows with the
+  # tokens left (checked here over random lengths, alphas and z).
+  rng = np.random.default_rng(1)
+  for _ in range(30):
+    alpha = np.float32(rng.uniform(0.0, 1.0))
+    z = np.float32(rng.uniform(0.0, 2.5))
+    remaining = rng.integers(0, 200, 16)
+    per_row = np.asarray(gamma_policy.row_iterations(alpha, remaining, z, 9))
+    longest = np.asarray(
+      gamma_policy.row_iterations(alpha, remaining.max(), z, 9)
+    )
+    np.testing.assert_allclose(per_row.max(0), longest, rtol=1e-6)
+    assert np.all(np.diff(per_row[np.argsort(remaining)], axis=0) >= -1e-5)
+  # Finished rows do not count: their lengths left are ignored.
+  seconds = np.ones(4, np.float32)
+  f = lambda active: np.asarray(  # noqa: E731
+    gamma_policy.finish_seconds(
+      np.float32(0.8), np.asarray(active), np.array([64, 8]), seconds
+    )
+  )
+  np.testing.assert_allclose(
+    f([False, True]),
+    np.maximum(gamma_policy.row_iterations(np.float32(0.8), 8, 0.0, 4), 1),
+  )
+  assert np.all(f([True, True]) > f([False, True]))
 
 
 def _exact_finish_iterations(alpha, gamma, remaining, rows):
@@ -150,7 +181,7 @@ def test_finish_time_tracks_the_exact_expected_maximum(alpha):
     for rows in (1, 8, 32):
       approx = np.asarray(
         gamma_policy.finish_seconds(
-          np.full(rows, alpha, np.float32),
+          np.float32(alpha),
           np.ones(rows, bool),
           np.full(rows, remaining),
           seconds,
@@ -397,6 +428,68 @@ def test_measured_seconds_are_made_non_decreasing():
   # A gamma that is not a candidate stays inf and is skipped.
   out = iso([np.inf, 2.0, 1.0, 5.0])
   assert out[0] == np.inf and out[1:] == [1.5, 1.5, 5.0]
+
+
+def test_suspects_are_off_the_line_through_the_others():
+  # The batch-8 costs (ms) of a full-grid run: gamma 4 timed at 101.6, 1.5x
+  # gamma 3, where a later side-by-side timing put the two 1.2x apart.
+  ms = [25.4, 36.7, 51.0, 68.1, 101.6, 108.4, 115.1, 130.4, 153.8]
+  assert auto_gamma.suspects(ms) == [4]
+  # The same run's batch-32 costs and a rerun's batch-8 costs: none.
+  assert (
+    auto_gamma.suspects(
+      [69.8, 163.4, 223.4, 299.4, 363.0, 412.9, 462.3, 552.1, 624.0]
+    )
+    == []
+  )
+  assert (
+    auto_gamma.suspects(
+      [25.5, 36.3, 52.9, 66.0, 81.1, 105.4, 118.1, 127.6, 140.0]
+    )
+    == []
+  )
+  # Not candidates (inf) and gamma 0 are not fitted; too few points: none.
+  assert auto_gamma.suspects([np.inf, 2.0, 3.0, 9.0, 5.0, 6.0]) == [3]
+  assert auto_gamma.suspects([1.0, 2.0, 3.0, 9.0]) == []
+
+
+def _fake_timing(monkeypatch, per_iteration, spiky_calls):
+  """`measure` on a clock that a fake loop advances: `per_iteration[g]`
+  seconds an iteration plus 1 s of setup a call; gamma 4's calls whose
+  ordinal (from 0) is in `spiky_calls` take 50% longer."""
+  clock = {'now': 0.0, 4: 0}
+
+  def run(target, draft, enc, keys, settings, policy):
+    g, limit = int(policy.forced_gamma[0]), int(policy.max_iterations)
+    its = min(limit, 16)
+    cost = per_iteration[g] * its
+    if g == 4 and limit > 1:
+      cost *= 1.5 if clock[4] in spiky_calls else 1.0
+      clock[4] += 1
+    clock['now'] += 1.0 + cost
+    return None, None, type('Stats', (), {'iterations': np.array([its])})
+
+  monkeypatch.setattr(auto_gamma, '_run', run)
+  # The module's clock only (pytest's own timing keeps the real one).
+  monkeypatch.setattr(
+    auto_gamma, 'time', types.SimpleNamespace(perf_counter=lambda: clock['now'])
+  )
+
+
+def test_measure_times_a_spike_again(monkeypatch):
+  truth = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]
+  settings = DecodeSettings(max_decode_len=64, gamma=8, gamma_policy=True)
+  enc = np.zeros((2, 3), np.int32)
+  # Gamma 4 slow in two of its three rounds (calls 1 and 2; call 0 is the
+  # warm-up): its median is the spike until four more rounds outvote it.
+  _fake_timing(monkeypatch, truth, spiky_calls={1, 2})
+  got = auto_gamma.measure(None, target_model(), enc, settings)
+  np.testing.assert_allclose(got, truth, rtol=1e-6)
+  # Negative control: without the retry the spike stays (pooled with its
+  # neighbour by the isotonic fit, still above the truth).
+  _fake_timing(monkeypatch, truth, spiky_calls={1, 2})
+  got = auto_gamma.measure(None, target_model(), enc, settings, retry_rounds=0)
+  assert got[4] > 1.1 * truth[4]
 
 
 def test_stateful_drafter_never_gets_gamma_zero():

@@ -25,7 +25,7 @@ counts enter as an expected maximum: z(n) is the expected largest of n
 standard normals (Blom's approximation Phi^-1((n - 0.375) / (n + 0.25))),
 n the active rows. alpha is the running acceptance estimate: the mean of
 beta over the positions the active rows tested so far, pooled over the
-rows (`policy_alphas` says why not per row), from an optimistic prior so
+rows (`pooled_alpha` says why not per row), from an optimistic prior so
 that the first iterations draft and measure. R_r is what row r may still emit
 before the decode's length limit (an EOS can end it earlier; the limit is
 the only horizon known in advance).
@@ -144,19 +144,19 @@ def expected_tokens(alpha: jax.Array, gammas: jax.Array) -> jax.Array:
   return (1.0 - alpha ** (gammas + 1.0)) / (1.0 - alpha)
 
 
-def policy_alphas(
+def pooled_alpha(
   beta_sum: jax.Array, tested: jax.Array, active: jax.Array
 ) -> jax.Array:
-  """The acceptance estimate `[B]` the policy uses: the pooled one.
+  """The acceptance estimate `[]` the policy uses, pooled over the rows.
 
   The mean of beta over every position the active rows tested, with the
-  prior (PRIOR_WEIGHT positions at PRIOR_ALPHA), the same for every row.
-  Not each row's own estimate: the finish time takes a maximum over rows,
-  and a maximum over noisy per-row estimates picks the unluckiest row's
-  noise (a winner's curse). Measured with per-row estimates (shrunk toward
-  the pool by 4 positions): at batch 2, alpha 0.5 (the same for both rows),
-  the policy ran gamma 0 for 60 of 64 iterations while fixed gamma 2 ran
-  1.18x plain. The spread term already models each row's luck given alpha.
+  prior (PRIOR_WEIGHT positions at PRIOR_ALPHA). Not each row's own
+  estimate: the finish time is the slowest row's, and a maximum over noisy
+  per-row estimates picks the unluckiest row's noise (a winner's curse).
+  Measured with per-row estimates (shrunk toward the pool by 4 positions):
+  at batch 2, alpha 0.5 (the same for both rows), the policy ran gamma 0
+  for 60 of 64 iterations while fixed gamma 2 ran 1.18x plain. The spread
+  term (`finish_seconds`) already models each row's luck given alpha.
 
   Args:
     beta_sum: `[B]` sum of beta over the positions each row tested.
@@ -165,10 +165,9 @@ def policy_alphas(
   """
   w = active.astype(jnp.float32)
   tested = tested.astype(jnp.float32)
-  pooled = (jnp.sum(w * beta_sum) + PRIOR_WEIGHT * PRIOR_ALPHA) / (
+  return (jnp.sum(w * beta_sum) + PRIOR_WEIGHT * PRIOR_ALPHA) / (
     jnp.sum(w * tested) + PRIOR_WEIGHT
   )
-  return jnp.broadcast_to(pooled, beta_sum.shape)
 
 
 def iteration_moments(
@@ -198,34 +197,57 @@ def straggler_z(num_rows: jax.Array) -> jax.Array:
   return jnp.where(n > 1.0, z, 0.0)
 
 
+def row_iterations(
+  alpha: jax.Array, remaining: jax.Array, z: jax.Array, num_gammas: int
+) -> jax.Array:
+  """mu + z sigma `[..., G + 1]`: a row's iterations, with a straggler margin.
+
+  Non-decreasing in `remaining` (mu and sigma both grow with it), which is
+  why the slowest active row is the one with the most tokens left.
+
+  Args:
+    alpha: `[]` acceptance rate.
+    remaining: `[...]` tokens the row may still emit.
+    z: `[]` standard deviations above the mean (`straggler_z`).
+    num_gammas: G + 1 (gammas 0..G).
+  """
+  mean, second = iteration_moments(alpha, num_gammas)  # [G + 1]
+  var = jnp.maximum(second - mean * mean, 0.0)
+  r = jnp.maximum(jnp.asarray(remaining, jnp.float32), 0.0)[..., None]
+  gammas = jnp.arange(num_gammas, dtype=jnp.float32)
+  overshoot = second / (2.0 * mean) - 0.5
+  mu = jnp.maximum((r + overshoot) / mean, jnp.ceil(r / (gammas + 1.0)))
+  mu = jnp.where(r > 0, mu, 0.0)
+  return mu + z * jnp.sqrt(r * var / mean**3)
+
+
 def finish_seconds(
-  alphas: jax.Array,
+  alpha: jax.Array,
   active: jax.Array,
   remaining: jax.Array,
   seconds: jax.Array,
 ) -> jax.Array:
   """Predicted seconds `[G + 1]` until the active rows are all done.
 
+  With one alpha for the batch (`pooled_alpha`) the maximum over the
+  active rows of `row_iterations` is that of the row with the most tokens
+  left (`row_iterations` grows with them), with z from the number of active
+  rows.
+
   Args:
-    alphas: `[B]` acceptance estimates.
+    alpha: `[]` the batch's acceptance estimate.
     active: `[B] bool` rows still decoding.
     remaining: `[B]` tokens each row may still emit (its length limit).
     seconds: `[G + 1]` measured seconds of one iteration at each gamma.
   """
-  num = seconds.shape[0]
-  mean, second = iteration_moments(alphas, num)  # [B, G + 1]
-  var = jnp.maximum(second - mean * mean, 0.0)
-  r = jnp.maximum(jnp.asarray(remaining, jnp.float32), 0.0)[:, None]
-  gammas = jnp.arange(num, dtype=jnp.float32)[None]
-  overshoot = second / (2.0 * mean) - 0.5
-  mu = jnp.maximum((r + overshoot) / mean, jnp.ceil(r / (gammas + 1.0)))
-  mu = jnp.where(r > 0, mu, 0.0)
-  sigma = jnp.sqrt(r * var / mean**3)
+  active = jnp.asarray(active, bool)
+  remaining = jnp.asarray(remaining, jnp.int32)
+  longest = jnp.max(jnp.where(active, remaining, 0), initial=0)
   z = straggler_z(jnp.sum(active))
-  rows = jnp.where(active[:, None], mu + z * sigma, 0.0)
+  its = row_iterations(alpha, longest, z, seconds.shape[0])
   # At least one iteration: the loop's last choice (no active row left)
   # compares finite numbers.
-  return seconds * jnp.maximum(jnp.max(rows, axis=0), 1.0)
+  return seconds * jnp.maximum(its, 1.0)
 
 
 def can_pay(seconds, margin: float = LOOP_MARGIN) -> bool:
@@ -287,7 +309,7 @@ def choose(
   """
   best = jnp.argmin(
     finish_seconds(
-      policy_alphas(beta_sum, tested, active),
+      pooled_alpha(beta_sum, tested, active),
       active,
       remaining,
       inputs.seconds,
