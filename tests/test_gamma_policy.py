@@ -12,6 +12,8 @@ control: the same decodes with the residual dropped
 
 import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from _distribution_util import ENC
@@ -213,6 +215,131 @@ def test_stragglers_keep_a_large_batch_plain():
   old = int(np.argmax(rate))
   assert old >= 1 and rate[old] > 1.05 * rate[0]
   assert _exact_finish_iterations(0.95, old, 64, 32) * ms[old] > 64 * ms[0]
+
+
+# Seconds (ms) of one loop iteration at gamma 0..8 measured on the CPU by
+# the full bench grid (base-size models, 64 tokens), per batch size.
+MEASURED_MS = {
+  1: [21.5, 21.5, 22.8, 24.0, 26.0, 28.3, 29.8, 29.8, 33.6],
+  2: [17.6, 22.6, 24.5, 27.1, 28.9, 31.9, 37.0, 40.3, 46.4],
+  8: [22.0, 36.9, 51.1, 65.9, 81.7, 97.3, 110.9, 131.3, 149.6],
+  16: [35.5, 74.7, 109.9, 137.6, 168.6, 207.1, 248.1, 294.8, 347.2],
+  32: [75.4, 154.1, 199.3, 258.4, 329.1, 380.4, 426.4, 471.7, 586.4],
+}
+
+
+def _simulated_seconds(
+  seconds, alpha, batch, gamma=None, choose=None, uncertainty_z=None
+):
+  """Mean walltime of static-batch decodes of 64 tokens a row, simulated.
+
+  Each iteration costs `seconds[g]`; each active row accepts the leading
+  successes of g Bernoulli(alpha) draft tokens and emits them plus one
+  (greedy `ControlledDraft`'s law), up to its limit. `gamma` fixes g;
+  else `choose` (default `gamma_policy.choose`) picks it from the counters
+  the loop keeps. Seeded: the same draws for every policy compared.
+  """
+  seconds = np.asarray(seconds, np.float32)
+  z = {} if uncertainty_z is None else {'uncertainty_z': uncertainty_z}
+  inputs = gamma_policy.PolicyInputs.create(seconds, **z)
+  pick = jax.jit(choose or gamma_policy.choose)
+  rng = np.random.default_rng(0)
+  sims, total = (24 if batch <= 2 else 8), 0.0
+  for _ in range(sims):
+    length = np.zeros(batch, np.int32)
+    beta_sum = np.zeros(batch, np.float32)
+    tested = np.zeros(batch, np.float32)
+    step = idle = 0
+    while (length < 64).any():
+      active = length < 64
+      g = gamma
+      if g is None:
+        g = int(pick(beta_sum, tested, active, 64 - length, inputs, step, idle))
+      total += seconds[g]
+      step, idle = step + 1, (idle + 1 if g == 0 else 0)
+      ok = rng.uniform(size=(batch, 8))[:, :g] < alpha
+      ok = np.concatenate([ok, np.zeros((batch, 1), bool)], 1)
+      accepted = np.argmin(ok, 1)  # leading successes
+      tested += active * np.minimum(accepted + 1, g)
+      beta_sum += active * accepted
+      length = np.where(active, np.minimum(length + accepted + 1, 64), length)
+  return total / sims
+
+
+def _aims(seconds, alpha, batch, choose=None, uncertainty_z=None):
+  """The bench's two ratios under the cost model: auto/plain and auto/best
+  fixed gamma in {1, 2, 4, 8} (tokens per second; > 1 is auto faster)."""
+  auto = _simulated_seconds(
+    seconds, alpha, batch, choose=choose, uncertainty_z=uncertainty_z
+  )
+  plain = _simulated_seconds(seconds, alpha, batch, gamma=0)
+  best = min(
+    _simulated_seconds(seconds, alpha, batch, gamma=g) for g in (1, 2, 4, 8)
+  )
+  return plain / auto, best / auto
+
+
+def test_policy_meets_the_aims_under_the_measured_costs():
+  # Issue 16's aims (auto at least 0.97x plain and 0.95x the best fixed
+  # gamma in every cell of the bench grid, alpha 0.5/0.8/0.95) on the
+  # machine the policy models: the costs the CPU measured, acceptance as
+  # the bench's controlled draft makes it. What the real grid adds (timing
+  # noise, costs the model does not see) is in docs/benchmarks.md.
+  # Measured here: worst 0.978x plain (batch 8, alpha 0.5), 0.982x best
+  # fixed (batch 2, alpha 0.5). Poor drafts, not in the grid (alpha 0.2,
+  # 0.3): exploring costs up to 3.6% (batch 2, alpha 0.2: 0.964x plain).
+  for batch, ms in MEASURED_MS.items():
+    for alpha in (0.5, 0.8, 0.95):
+      vs_plain, vs_best = _aims(ms, alpha, batch)
+      assert vs_plain >= 0.97 and vs_best >= 0.95, (batch, alpha)
+    for alpha in (0.2, 0.3):
+      assert _aims(ms, alpha, batch)[0] >= 0.96, (batch, alpha)
+
+
+def test_uncertain_gamma_zero_is_probed():
+  # Without the uncertainty probe an unlucky start keeps batch 2 at gamma 0
+  # (0.951x best fixed); with it 0.982x.
+  ms = MEASURED_MS[2]
+  without = _aims(ms, 0.5, 2, uncertainty_z=0.0)[1]
+  assert _aims(ms, 0.5, 2)[1] > without + 0.02
+  # The rule itself: an estimate of 0.25 (pooled with the prior) is below
+  # break-even (gamma 0); from 10 tested positions one standard error
+  # (0.125) higher is above it, from 500 (0.019) it is not.
+  inputs = gamma_policy.PolicyInputs.create(ms)
+
+  def pick(tested, z):
+    prior = gamma_policy.PRIOR_WEIGHT * gamma_policy.PRIOR_ALPHA
+    beta = (0.25 * (2 * tested + gamma_policy.PRIOR_WEIGHT) - prior) / 2
+    return int(
+      gamma_policy.choose(
+        np.full(2, beta, np.float32),
+        np.full(2, tested, np.float32),
+        np.ones(2, bool),
+        np.full(2, 64),
+        inputs.replace(uncertainty_z=jnp.float32(z)),
+        np.int32(5),
+      )
+    )
+
+  assert pick(5.0, 0.0) == 0 and pick(5.0, 1.0) == 1
+  assert pick(250.0, 1.0) == 0
+
+
+def test_rate_objective_misses_the_aims_under_the_measured_costs():
+  # Negative control: the previous objective (summed tokens per second,
+  # the same pooled estimate and probes) drafts at batch 32, alpha 0.95,
+  # and the slowest row makes it 0.92x plain under the same simulation.
+  def rate_choose(beta_sum, tested, active, remaining, inputs, step, idle):
+    del remaining, step
+    alpha = gamma_policy.pooled_alpha(beta_sum, tested, active)
+    gammas = jnp.arange(inputs.seconds.shape[0], dtype=jnp.float32)
+    rate = gamma_policy.expected_tokens(alpha, gammas) / inputs.seconds
+    best = jnp.argmax(rate).astype(jnp.int32)
+    period = gamma_policy.probe_period(inputs.seconds, inputs.explore_cost)
+    return jnp.where((best == 0) & (idle >= period), 1, best)
+
+  vs_plain, _ = _aims(MEASURED_MS[32], 0.95, 32, choose=rate_choose)
+  assert vs_plain < 0.95
 
 
 def test_forced_schedule_and_iteration_limit():
