@@ -242,6 +242,12 @@ def row_iterations(
   return mu + z * jnp.sqrt(r * var / mean**3)
 
 
+def most_left(active: jax.Array, remaining: jax.Array) -> jax.Array:
+  """The most tokens `[] int32` an active row may still emit (0: none)."""
+  remaining = jnp.asarray(remaining, jnp.int32)
+  return jnp.max(jnp.where(active, remaining, 0), initial=0)
+
+
 def finish_seconds(
   alpha: jax.Array,
   active: jax.Array,
@@ -262,9 +268,8 @@ def finish_seconds(
     seconds: `[G + 1]` measured seconds of one iteration at each gamma.
   """
   active = jnp.asarray(active, bool)
-  remaining = jnp.asarray(remaining, jnp.int32)
-  longest = jnp.max(jnp.where(active, remaining, 0), initial=0)
   z = straggler_z(jnp.sum(active))
+  longest = most_left(active, remaining)
   its = row_iterations(alpha, longest, z, seconds.shape[0])
   # At least one iteration: the loop's last choice (no active row left)
   # compares finite numbers.
@@ -326,10 +331,11 @@ def choose(
     inputs: the run-time inputs (seconds, schedule).
     step: `[] int32` the iteration.
     idle: `[] int32` consecutive gamma-0 iterations just before this one;
-      at `probe_period` the policy's gamma 0 becomes a gamma-1 probe.
+      at `probe_period` (with at least that many tokens left) the policy's
+      gamma 0 becomes a gamma-1 probe, as it does while alpha one standard
+      error higher would draft (`PolicyInputs.uncertainty_z`).
   """
   active = jnp.asarray(active, bool)
-  remaining = jnp.asarray(remaining, jnp.int32)
   alpha = pooled_alpha(beta_sum, tested, active)
   soonest = lambda a: jnp.argmin(  # noqa: E731
     finish_seconds(a, active, remaining, inputs.seconds)
@@ -341,8 +347,8 @@ def choose(
   unsure = soonest(upper) > 0
   # A periodic probe pays only with tokens left to use what it finds.
   period = probe_period(inputs.seconds, inputs.explore_cost)
-  longest = jnp.max(jnp.where(active, remaining, 0), initial=0)
-  probe = (best == 0) & (unsure | ((idle >= period) & (longest >= period)))
+  left = most_left(active, remaining)
+  probe = (best == 0) & (unsure | ((idle >= period) & (left >= period)))
   best = jnp.where(probe, 1, best)
   schedule = inputs.forced_gamma
   forced = schedule[step % schedule.shape[0]]

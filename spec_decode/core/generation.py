@@ -219,8 +219,7 @@ def generate(
       each may still emit and the loop's measured seconds per iteration
       at each gamma; 0 is a plain target step). The seconds are measured
       once per models' shapes, batch size, settings and device and cached
-      on disk
-      (`core.auto_gamma`); reported in `gamma_choice`.
+      on disk (`core.auto_gamma`); reported in `gamma_choice`.
     temperature: 0 is argmax.
     top_k: 0 keeps all ids.
     top_p: 1.0 keeps all ids.
