@@ -1,4 +1,12 @@
-"""Training: `lm` (T5 models), `heads` (Medusa heads on a frozen target),
-`greedy` (the target's greedy outputs, the heads' data), `common` (data
-buckets, optimizer, checkpoints, log and the loop both share) and `cli`
-(`spec-decode train`, the only module that deals with gin)."""
+"""Training: T5 models, and Medusa heads on a frozen target.
+
+lm.py      T5 training (`TrainSettings`, `run`; `train` is what gin binds)
+heads.py   Medusa heads (`HeadsTrainSettings`, `run`; gin binds
+           `train_heads`)
+greedy.py  the target's greedy outputs (the heads' data), cached
+common.py  what both share: data buckets, optimizer, checkpoints, log and
+           the loop
+job.py     the frame both runs share: the entry points' signature, the
+           optimizer and state, the tail (loop, export, closing line)
+cli.py     `spec-decode train`, the only module that deals with gin
+"""

@@ -1,9 +1,11 @@
 """Trains Medusa heads (`drafters.Heads`) on a frozen target.
 
+A run's settings are one `HeadsTrainSettings`; `run(settings)` trains.
 Run through `spec-decode train`: a gin file that binds
 `heads.train_heads` (after `from spec_decode.train import heads`)
-makes `spec-decode train` call this module's `train_heads` instead of
-`lm.train`; the flags are the same.
+makes `spec-decode train` call this module's `train_heads` (the settings'
+fields as keyword arguments; it calls `run`) instead of `lm.train`; the
+flags are the same.
 
     spec-decode train --gin_file=configs/train_demo_heads.gin \\
         --model_dir=runs/demo/heads [--gin.TRAIN_STEPS=600]
@@ -23,8 +25,9 @@ What a run does:
     distribution of that token (`distill_weight`; padding and everything
     after EOS masked), weighted by `head_decay^(k-1)`;
   * AdamW with warmup and cosine decay (`common.make_optimizer`) in the
-    loop LM training runs too (`common.train_loop`): a tqdm bar, validation
-    per-head top-1 accuracy every `eval_every` steps, log records in
+    loop and frame LM training runs too (`common.train_loop`,
+    `job.finish`): a tqdm bar, validation per-head top-1 accuracy every
+    `eval_every` steps, log records in
     `<model_dir>/train_log.jsonl`, orbax checkpoints of
     `{step, params, opt_state}` under `<model_dir>/checkpoints/` (rerunning
     resumes; Ctrl-C, SIGTERM or `max_minutes` checkpoint before exiting);
@@ -55,6 +58,7 @@ from spec_decode.models import t5_model
 from spec_decode.t5.config import PAD_ID
 from spec_decode.train import common
 from spec_decode.train import greedy
+from spec_decode.train import job
 
 HEADS_DIR = 'heads'
 GREEDY_FILE = 'greedy_{split}.npz'
@@ -222,61 +226,14 @@ def _eval_step(params, frozen, features, targets, head_weights):
 # ------------------------------------------------------------------ run.
 
 
-@dataclasses.dataclass
-class HeadsTrainResult:
-  """What `train_heads` returns.
+@dataclasses.dataclass(frozen=True)
+class HeadsTrainSettings:
+  """Everything a heads training run takes (`run`); see the module docs.
+
+  `spec-decode train` binds these as `heads.train_heads.<field>`
+  (`train_heads` takes them as arguments).
 
   Attributes:
-    step: optimizer steps taken so far.
-    train_loss: mean training loss of the last logged steps (None if none).
-    validation_accuracy: `[K]` per-head top-1 accuracy on the validation
-      split's greedy outputs.
-    validation_nll: `[K]` per-head cross-entropy there.
-    stopped: `done`, `interrupted` or `time`.
-    heads_path: the exported `Heads.save` directory.
-  """
-
-  step: int
-  train_loss: float | None
-  validation_accuracy: list[float]
-  validation_nll: list[float]
-  stopped: str
-  heads_path: str
-
-
-def train_heads(
-  model_dir: str,
-  target_path: str,
-  num_heads: int = 4,
-  depth: int = 1,
-  share_projection: bool = False,
-  train_projection: bool = True,
-  task: str = 'debian_ende',
-  data_dir: str | None = None,
-  train_examples: int | None = 4096,
-  eval_examples: int = 256,
-  max_decode_len: int = 64,
-  generate_batch_size: int = 64,
-  buckets: Sequence[Sequence[int]] = DEFAULT_BUCKETS,
-  train_steps: int = 500,
-  learning_rate: float = 1e-3,
-  warmup_steps: int = 50,
-  final_lr_fraction: float = 0.1,
-  weight_decay: float = 0.0,
-  clip_norm: float = 1.0,
-  head_decay: float = 0.8,
-  distill_weight: float = 0.0,
-  eval_every: int = 100,
-  checkpoint_every: int = 100,
-  keep_checkpoints: int = 2,
-  log_every: int = 10,
-  max_minutes: float | None = None,
-  seed: int = 0,
-  progress: bool = True,
-) -> HeadsTrainResult:
-  """Trains (or resumes training) Medusa heads; see the module docstring.
-
-  Args:
     model_dir: where the greedy-output cache, checkpoints, the log and the
       exported heads go.
     target_path: the frozen target (a `Model.load` path; a relative path is
@@ -313,22 +270,100 @@ def train_heads(
       checkpoints and exits (rerun to continue).
     seed: data order and (unused by the identity init) head init seed.
     progress: show tqdm bars.
+  """
+
+  model_dir: str
+  target_path: str
+  num_heads: int = 4
+  depth: int = 1
+  share_projection: bool = False
+  train_projection: bool = True
+  task: str = 'debian_ende'
+  data_dir: str | None = None
+  train_examples: int | None = 4096
+  eval_examples: int = 256
+  max_decode_len: int = 64
+  generate_batch_size: int = 64
+  buckets: Sequence[Sequence[int]] = DEFAULT_BUCKETS
+  train_steps: int = 500
+  learning_rate: float = 1e-3
+  warmup_steps: int = 50
+  final_lr_fraction: float = 0.1
+  weight_decay: float = 0.0
+  clip_norm: float = 1.0
+  head_decay: float = 0.8
+  distill_weight: float = 0.0
+  eval_every: int = 100
+  checkpoint_every: int = 100
+  keep_checkpoints: int = 2
+  log_every: int = 10
+  max_minutes: float | None = None
+  seed: int = 0
+  progress: bool = True
+
+
+@dataclasses.dataclass
+class HeadsTrainResult:
+  """What `train_heads` returns.
+
+  Attributes:
+    step: optimizer steps taken so far.
+    train_loss: mean training loss of the last logged steps (None if none).
+    validation_accuracy: `[K]` per-head top-1 accuracy on the validation
+      split's greedy outputs.
+    validation_nll: `[K]` per-head cross-entropy there.
+    stopped: `done`, `interrupted` or `time`.
+    heads_path: the exported `Heads.save` directory.
+  """
+
+  step: int
+  train_loss: float | None
+  validation_accuracy: list[float]
+  validation_nll: list[float]
+  stopped: str
+  heads_path: str
+
+
+def train_heads(*args, **kwargs) -> HeadsTrainResult:
+  """`run(HeadsTrainSettings(*args, **kwargs))`: the entry point gin binds.
+
+  Its parameters are `HeadsTrainSettings`'s fields, with their defaults
+  (the signature is `HeadsTrainSettings`'s), so a config binds
+  `heads.train_heads.<field>`.
 
   Returns:
     A `HeadsTrainResult`.
   """
-  os.makedirs(model_dir, exist_ok=True)
-  bucket_specs = common.make_buckets(buckets)
-  if max(b.target_len for b in bucket_specs) < max_decode_len:
+  return run(HeadsTrainSettings(*args, **kwargs))
+
+
+train_heads.__signature__ = job.signature_of(
+  HeadsTrainSettings, HeadsTrainResult
+)
+
+
+def run(settings: HeadsTrainSettings) -> HeadsTrainResult:
+  """Trains (or resumes training) Medusa heads; see the module docstring.
+
+  Args:
+    settings: the run's settings.
+
+  Returns:
+    A `HeadsTrainResult`.
+  """
+  s = settings
+  os.makedirs(s.model_dir, exist_ok=True)
+  bucket_specs = common.make_buckets(s.buckets)
+  if max(b.target_len for b in bucket_specs) < s.max_decode_len:
     raise ValueError(
       f'the largest bucket target_len is under max_decode_len='
-      f'{max_decode_len}: long greedy outputs would be dropped'
+      f'{s.max_decode_len}: long greedy outputs would be dropped'
     )
-  target_path = paths.resolve(target_path)
+  target_path = paths.resolve(s.target_path)
   target = t5_model.Model.load(target_path, dtype='float32')
   if target.vocabulary is None:
     raise ValueError(f'{target_path}: the target has no vocabulary')
-  task_obj = tasks_lib.get_task(task, data_dir)
+  task_obj = tasks_lib.get_task(s.task, s.data_dir)
 
   def data(split, limit):
     return greedy.greedy_dataset(
@@ -337,57 +372,100 @@ def train_heads(
       split,
       limit,
       bucket_specs,
-      max_decode_len,
-      generate_batch_size,
-      os.path.join(model_dir, GREEDY_FILE.format(split=split)),
-      progress,
+      s.max_decode_len,
+      s.generate_batch_size,
+      os.path.join(s.model_dir, GREEDY_FILE.format(split=split)),
+      s.progress,
     )
 
   try:
     t0 = time.monotonic()
-    train_pairs = data('train', train_examples)
-    eval_pairs = data('validation', eval_examples)
+    train_pairs = data('train', s.train_examples)
+    eval_pairs = data('validation', s.eval_examples)
     gen_seconds = time.monotonic() - t0
   except KeyboardInterrupt:
     print('\ntrain_heads: interrupted while decoding (cached so far)')
     raise
   t0 = time.monotonic()
   feature_model = target.unpacked()
-  train_data = FeatureData(train_pairs, buckets, seed)
-  train_data.compute(feature_model, progress)
-  eval_data = FeatureData(eval_pairs, buckets, seed)
-  eval_data.compute(feature_model, progress)
+  train_data = FeatureData(train_pairs, s.buckets, s.seed)
+  train_data.compute(feature_model, s.progress)
+  eval_data = FeatureData(eval_pairs, s.buckets, s.seed)
+  eval_data.compute(feature_model, s.progress)
   eval_batches = eval_data.all_feature_batches()
   feature_seconds = time.monotonic() - t0
 
   init_heads = heads_lib.Heads.init(
-    target, num_heads, depth, seed=seed, share_projection=share_projection
+    target,
+    s.num_heads,
+    s.depth,
+    seed=s.seed,
+    share_projection=s.share_projection,
   )
   all_arrays = init_heads.arrays()
   trained = ('weights', 'biases') + (
-    ('projection',) if train_projection else ()
+    ('projection',) if s.train_projection else ()
   )
   frozen = {k: v for k, v in all_arrays.items() if k not in trained}
-  optimizer = common.make_optimizer(
-    learning_rate,
-    train_steps,
-    warmup_steps,
-    final_lr_fraction,
-    weight_decay,
-    clip_norm=clip_norm,
-  )
-  state, resumed = common.init_or_restore(
-    model_dir, lambda: {k: all_arrays[k] for k in trained}, optimizer
+  optimizer, state, resumed = job.start(
+    s, lambda: {k: all_arrays[k] for k in trained}
   )
   head_weights = jnp.asarray(
-    [head_decay**k for k in range(num_heads)], jnp.float32
+    [s.head_decay**k for k in range(s.num_heads)], jnp.float32
   )
   train_step = jax.jit(_train_step, static_argnums=(3, 4), donate_argnums=(0,))
   fixed = (frozen, head_weights, heads_lib.target_projection(target))
-  eval_step = jax.jit(_eval_step)
 
   def step(state, batch):
-    return train_step(state, batch, fixed, optimizer, distill_weight)
+    return train_step(state, batch, fixed, optimizer, s.distill_weight)
+
+  def export(params):
+    path = os.path.join(s.model_dir, HEADS_DIR)
+    export_heads(
+      init_heads.with_arrays(
+        {k: jnp.asarray(v) for k, v in {**frozen, **params}.items()}
+      ),
+      path,
+    )
+    return path
+
+  loop, heads_path = job.finish(
+    s,
+    job.Job(
+      name='train_heads',
+      intro=(
+        f'{s.num_heads} heads of depth {s.depth} on {target_path} '
+        f'({common.num_params(state.params):,} trained parameters); '
+        f'{train_data.num_examples} greedy '
+        f'train outputs ({gen_seconds:.0f} s to decode or load, '
+        f'{feature_seconds:.0f} s for their features), '
+        f'{len(eval_pairs)} validation'
+      ),
+      batch=train_data.feature_batch,
+      train_step=step,
+      validate=_validator(frozen, eval_batches, head_weights, s.num_heads),
+      log_fields=_log_fields,
+      postfix=_postfix,
+      export=export,
+      summary=_summary,
+      product='heads',
+    ),
+    state,
+    resumed,
+  )
+  return HeadsTrainResult(
+    int(loop.state.step),
+    loop.train_loss,
+    loop.validation['validation_accuracy'],
+    loop.validation['validation_nll'],
+    loop.stopped,
+    heads_path,
+  )
+
+
+def _validator(frozen, eval_batches, head_weights, num_heads):
+  """`params -> {validation_accuracy, validation_nll}` (per head)."""
+  eval_step = jax.jit(_eval_step)
 
   def validate(params):
     correct = np.zeros(num_heads)
@@ -405,71 +483,29 @@ def train_heads(
       'validation_nll': (nll / count).tolist(),
     }
 
-  def log_fields(aux):
-    count = np.maximum(np.asarray(aux['count']), 1.0)
-    return {
-      'nll': np.asarray(aux['nll']).tolist(),
-      'accuracy': (np.asarray(aux['correct']) / count).tolist(),
-    }
+  return validate
 
-  def postfix(record, validation):
-    val1 = (
-      '-'
-      if validation is None
-      else f'{validation["validation_accuracy"][0]:.2f}'
-    )
-    return {'acc1': f'{record["accuracy"][0]:.2f}', 'val1': val1}
 
-  print(
-    f'train_heads: {num_heads} heads of depth {depth} on {target_path} '
-    f'({common.num_params(state.params):,} trained parameters); '
-    f'{train_data.num_examples} greedy '
-    f'train outputs ({gen_seconds:.0f} s to decode or load, '
-    f'{feature_seconds:.0f} s for their features), '
-    f'{len(eval_pairs)} validation; '
-    f'{"resuming at" if resumed else "starting at"} step {int(state.step)} '
-    f'of {train_steps}',
-    flush=True,
+def _log_fields(aux):
+  count = np.maximum(np.asarray(aux['count']), 1.0)
+  return {
+    'nll': np.asarray(aux['nll']).tolist(),
+    'accuracy': (np.asarray(aux['correct']) / count).tolist(),
+  }
+
+
+def _postfix(record, validation):
+  val1 = (
+    '-' if validation is None else f'{validation["validation_accuracy"][0]:.2f}'
   )
-  run = common.train_loop(
-    state,
-    train_data.feature_batch,
-    step,
-    validate,
-    model_dir,
-    common.LoopSettings(
-      train_steps,
-      eval_every,
-      checkpoint_every,
-      keep_checkpoints,
-      log_every,
-      max_minutes,
-      progress,
-    ),
-    log_fields=log_fields,
-    postfix=postfix,
-    name='train_heads',
-  )
-  heads_path = os.path.join(model_dir, HEADS_DIR)
-  heads = init_heads.with_arrays(
-    {k: jnp.asarray(v) for k, v in {**frozen, **run.state.params}.items()}
-  )
-  export_heads(heads, heads_path)
-  accuracy = run.validation['validation_accuracy']
-  print(
-    f'train_heads: step {int(run.state.step)} ({run.seconds:.0f} s this '
-    f'run), validation top-1 accuracy per head '
-    f'{json.dumps([round(a, 4) for a in accuracy])}; heads in '
-    f'{heads_path}',
-    flush=True,
-  )
-  return HeadsTrainResult(
-    int(run.state.step),
-    run.train_loss,
-    accuracy,
-    run.validation['validation_nll'],
-    run.stopped,
-    heads_path,
+  return {'acc1': f'{record["accuracy"][0]:.2f}', 'val1': val1}
+
+
+def _summary(loop: common.LoopResult) -> str:
+  accuracy = loop.validation['validation_accuracy']
+  return (
+    f' ({loop.seconds:.0f} s this run), validation top-1 accuracy per head '
+    f'{json.dumps([round(a, 4) for a in accuracy])}'
   )
 
 

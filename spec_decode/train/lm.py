@@ -1,9 +1,11 @@
 """Trains a T5 `Model` on a task with optax (`spec-decode train`).
 
-The library functions below carry no gin decorators: `spec-decode train`
+A run's settings are one `TrainSettings`; `run(settings)` trains. The
+library functions below carry no gin decorators: `spec-decode train`
 (`spec_decode.train.cli`) parses `--gin_file`s and `--gin.NAME=VALUE`
-bindings and calls the gin-configured `train` (dynamic registration, so a
-config binds `lm.train.<arg>` after `from spec_decode.train import lm`),
+bindings and calls the gin-configured `train`, which takes the settings'
+fields as keyword arguments and calls `run` (dynamic registration, so a
+config binds `lm.train.<field>` after `from spec_decode.train import lm`),
 the way T5X's `train.py` does.
 
     spec-decode train --gin_file=configs/train_demo_target.gin \\
@@ -35,7 +37,9 @@ What a run does:
     parameters stored as `save_dtype`.
 
 The data, optimizer, checkpoints and loop are `spec_decode.train.common`'s,
-shared with Medusa-heads training (`spec_decode.train.heads`).
+and the run's frame (optimizer and state, opening line, loop, export,
+closing line) is `spec_decode.train.job`'s, both shared with Medusa-heads
+training (`spec_decode.train.heads`).
 """
 
 import dataclasses
@@ -56,6 +60,7 @@ from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import T5Config
 from spec_decode.train import common
 from spec_decode.train import greedy
+from spec_decode.train import job
 
 MODEL_DIR = 'model'
 
@@ -181,61 +186,14 @@ def _eval_step(params, inputs, targets, config: T5Config):
 # ------------------------------------------------------------ the run.
 
 
-@dataclasses.dataclass
-class TrainResult:
-  """What `train` returns.
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """Everything a T5 training run takes (`run`); see the module docstring.
+
+  `spec-decode train` binds these as `lm.train.<field>` (`train` takes
+  them as arguments).
 
   Attributes:
-    step: optimizer steps taken so far.
-    train_loss: mean training loss of the last logged steps (None if none
-      were logged by this invocation).
-    validation_loss: validation cross-entropy per target token.
-    stopped: `done`, `interrupted` (Ctrl-C / SIGTERM) or `time`
-      (`max_minutes`).
-    model_path: the exported `Model.save` directory.
-  """
-
-  step: int
-  train_loss: float | None
-  validation_loss: float | None
-  stopped: str
-  model_path: str
-
-
-def train(
-  model_dir: str,
-  model_config: T5Config,
-  vocabulary_file: str | None = None,
-  task: str | Sequence[str] = 'debian_ende',
-  data_dir: str | None = None,
-  train_steps: int = 1000,
-  buckets: Sequence[Sequence[int]] = DEFAULT_BUCKETS,
-  learning_rate: float = 1e-3,
-  warmup_steps: int = 200,
-  final_lr_fraction: float = 0.1,
-  weight_decay: float = 0.01,
-  clip_norm: float = 1.0,
-  label_smoothing: float = 0.0,
-  z_loss: float = 1e-4,
-  teacher_path: str | None = None,
-  init_from: str | None = None,
-  distill_weight: float = 1.0,
-  distill_temperature: float = 1.0,
-  distill_targets: str = 'references',
-  eval_every: int = 200,
-  eval_examples: int = 256,
-  checkpoint_every: int = 200,
-  keep_checkpoints: int = 2,
-  log_every: int = 10,
-  max_minutes: float | None = None,
-  save_dtype: Any = 'float32',
-  train_examples: int | None = None,
-  seed: int = 0,
-  progress: bool = True,
-) -> TrainResult:
-  """Trains (or resumes training) a T5 model; see the module docstring.
-
-  Args:
     model_dir: where checkpoints, the log and the exported model go.
     model_config: the network; `vocab_size` must cover the vocabulary.
     vocabulary_file: a sentencepiece `.model` (T5 ids, 100 extra ids); a
@@ -280,56 +238,99 @@ def train(
     train_examples: use only the first N training examples.
     seed: initialization, data order and dropout seed.
     progress: show the tqdm bar.
+  """
+
+  model_dir: str
+  model_config: T5Config
+  vocabulary_file: str | None = None
+  task: str | Sequence[str] = 'debian_ende'
+  data_dir: str | None = None
+  train_steps: int = 1000
+  buckets: Sequence[Sequence[int]] = DEFAULT_BUCKETS
+  learning_rate: float = 1e-3
+  warmup_steps: int = 200
+  final_lr_fraction: float = 0.1
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  label_smoothing: float = 0.0
+  z_loss: float = 1e-4
+  teacher_path: str | None = None
+  init_from: str | None = None
+  distill_weight: float = 1.0
+  distill_temperature: float = 1.0
+  distill_targets: str = 'references'
+  eval_every: int = 200
+  eval_examples: int = 256
+  checkpoint_every: int = 200
+  keep_checkpoints: int = 2
+  log_every: int = 10
+  max_minutes: float | None = None
+  save_dtype: Any = 'float32'
+  train_examples: int | None = None
+  seed: int = 0
+  progress: bool = True
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What `train` returns.
+
+  Attributes:
+    step: optimizer steps taken so far.
+    train_loss: mean training loss of the last logged steps (None if none
+      were logged by this invocation).
+    validation_loss: validation cross-entropy per target token.
+    stopped: `done`, `interrupted` (Ctrl-C / SIGTERM) or `time`
+      (`max_minutes`).
+    model_path: the exported `Model.save` directory.
+  """
+
+  step: int
+  train_loss: float | None
+  validation_loss: float | None
+  stopped: str
+  model_path: str
+
+
+def train(*args, **kwargs) -> TrainResult:
+  """`run(TrainSettings(*args, **kwargs))`: the entry point gin binds.
+
+  Its parameters are `TrainSettings`'s fields, with their defaults (the
+  signature is `TrainSettings`'s), so a config binds `lm.train.<field>`.
 
   Returns:
     A `TrainResult`.
   """
-  os.makedirs(model_dir, exist_ok=True)
-  vocabulary = (
-    vocab_lib.Vocabulary.from_file(paths.resolve(vocabulary_file))
-    if vocabulary_file
-    else None
-  )
-  if vocabulary is not None and vocabulary.vocab_size > model_config.vocab_size:
-    raise ValueError(
-      f'vocabulary has {vocabulary.vocab_size} ids, model_config.vocab_size '
-      f'is {model_config.vocab_size}'
-    )
-  if vocabulary is None:
-    raise ValueError('train needs vocabulary_file (a sentencepiece model)')
-  task_names = task.split('+') if isinstance(task, str) else list(task)
-  if distill_targets not in ('references', 'teacher_greedy'):
+  return run(TrainSettings(*args, **kwargs))
+
+
+train.__signature__ = job.signature_of(TrainSettings, TrainResult)
+
+
+def run(settings: TrainSettings) -> TrainResult:
+  """Trains (or resumes training) a T5 model; see the module docstring.
+
+  Args:
+    settings: the run's settings.
+
+  Returns:
+    A `TrainResult`.
+  """
+  s = settings
+  os.makedirs(s.model_dir, exist_ok=True)
+  vocabulary = _vocabulary(s)
+  task_names = s.task.split('+') if isinstance(s.task, str) else list(s.task)
+  if s.distill_targets not in ('references', 'teacher_greedy'):
     raise ValueError(
       "distill_targets must be 'references' or 'teacher_greedy', got "
-      f'{distill_targets!r}'
+      f'{s.distill_targets!r}'
     )
-  if distill_targets == 'teacher_greedy' and not teacher_path:
+  if s.distill_targets == 'teacher_greedy' and not s.teacher_path:
     raise ValueError("distill_targets='teacher_greedy' needs a teacher_path")
-  task_objs = [tasks_lib.get_task(name, data_dir) for name in task_names]
-  init_model = None
-  if init_from:
-    # Checked before any tokenizing or compiling, so a wrong path or shape
-    # fails in seconds.
-    init_model = t5_model.Model.load(paths.resolve(init_from), dtype='float32')
-    vocab_lib.check_compatible(init_model.vocabulary, vocabulary)
-    want = jax.eval_shape(
-      lambda: (
-        t5_model.Model.init(
-          model_config.replace(param_dtype=jnp.float32), seed=seed
-        ).params
-      )
-    )
-    got = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), init_model.params
-    )
-    if jax.tree.structure(want) != jax.tree.structure(got) or any(
-      a.shape != b.shape
-      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True)
-    ):
-      raise ValueError(
-        f'init_from {init_from!r}: its parameters do not have the shapes of '
-        'model_config (a different network)'
-      )
+  task_objs = [tasks_lib.get_task(name, s.data_dir) for name in task_names]
+  # Checked before any tokenizing or compiling, so a wrong path or shape
+  # fails in seconds.
+  init_model = _init_model(s, vocabulary) if s.init_from else None
 
   def tokenized(split, limit):
     per_task = limit and -(-limit // len(task_objs))
@@ -340,53 +341,33 @@ def train(
     ]
 
   eval_data = common.BucketedData(
-    tokenized('validation', eval_examples), buckets, seed
+    tokenized('validation', s.eval_examples), s.buckets, s.seed
   )
   eval_batches = eval_data.all_batches()
-
-  teacher = None
-  settings = LossSettings(label_smoothing, z_loss, 0.0, distill_temperature)
-  if teacher_path:
-    teacher = t5_model.Model.load(paths.resolve(teacher_path), dtype='float32')
-    vocab_lib.check_compatible(teacher.vocabulary, vocabulary)
-    if teacher.config.vocab_size != model_config.vocab_size:
-      raise ValueError(
-        f'teacher vocab_size {teacher.config.vocab_size} != '
-        f'{model_config.vocab_size}'
-      )
-    teacher = t5_model.Model(
-      teacher.config.replace(dropout_rate=0.0),
-      jax.tree.map(jnp.asarray, teacher.params),
-    )
-    settings = dataclasses.replace(settings, distill_weight=distill_weight)
-
-  if distill_targets == 'teacher_greedy':
+  teacher, loss_settings = _teacher(s, vocabulary)
+  if s.distill_targets == 'teacher_greedy':
     train_examples_list = _teacher_greedy_examples(
-      teacher, tokenized('train', train_examples), buckets, model_dir, progress
+      teacher,
+      tokenized('train', s.train_examples),
+      s.buckets,
+      s.model_dir,
+      s.progress,
     )
   else:
-    train_examples_list = tokenized('train', train_examples)
-  train_data = common.BucketedData(train_examples_list, buckets, seed)
+    train_examples_list = tokenized('train', s.train_examples)
+  train_data = common.BucketedData(train_examples_list, s.buckets, s.seed)
 
-  config = model_config.replace(param_dtype=jnp.float32)
-  optimizer = common.make_optimizer(
-    learning_rate,
-    train_steps,
-    warmup_steps,
-    final_lr_fraction,
-    weight_decay,
-    clip_norm=clip_norm,
-  )
+  config = s.model_config.replace(param_dtype=jnp.float32)
 
   def init_params():
     if init_model is not None:
       return jax.tree.map(
         lambda x: jnp.asarray(x, jnp.float32), init_model.params
       )
-    return t5_model.Model.init(config, seed=seed).params
+    return t5_model.Model.init(config, seed=s.seed).params
 
-  state, resumed = common.init_or_restore(model_dir, init_params, optimizer)
-  base_key = jax.random.fold_in(jax.random.key(seed), 1)
+  optimizer, state, resumed = job.start(s, init_params)
+  base_key = jax.random.fold_in(jax.random.key(s.seed), 1)
   train_step = jax.jit(
     _train_step, static_argnums=(5, 6, 7), donate_argnums=(0,)
   )
@@ -401,69 +382,148 @@ def train(
       teacher,
       config,
       optimizer,
-      settings,
+      loss_settings,
     )
 
   def validate(params):
     total, count = 0.0, 0.0
     for b in eval_batches:
-      s, n = eval_step(params, b.inputs, b.targets, config)
-      total += float(s)
-      count += float(n)
+      total_b, count_b = eval_step(params, b.inputs, b.targets, config)
+      total += float(total_b)
+      count += float(count_b)
     return {'validation_loss': total / max(count, 1.0)}
 
-  def postfix(record, validation):
-    val = '-' if validation is None else f'{validation["validation_loss"]:.3f}'
-    return {'tok_s': f'{record["tokens_per_s"]:.0f}', 'val': val}
+  def export(params):
+    path = os.path.join(s.model_dir, MODEL_DIR)
+    export_model(params, config, vocabulary, path, s.save_dtype)
+    return path
 
-  print(
-    f'train: {common.num_params(state.params):,} parameters; '
-    f'{train_data.num_examples} train examples ({train_data.dropped} over '
-    'the largest bucket dropped), '
-    f'{train_data.batches_per_epoch} batches/epoch; '
-    f'{"resuming at" if resumed else "starting at"} step {int(state.step)} '
-    f'of {train_steps}'
-    + (' (distilling from ' + teacher_path + ')' if teacher_path else '')
-    + (
-      ' (initialized from ' + init_from + ')'
-      if init_from and not resumed
-      else ''
+  loop, model_path = job.finish(
+    s,
+    job.Job(
+      name='train',
+      intro=(
+        f'{common.num_params(state.params):,} parameters; '
+        f'{train_data.num_examples} train examples ({train_data.dropped} '
+        'over the largest bucket dropped), '
+        f'{train_data.batches_per_epoch} batches/epoch'
+      ),
+      intro_tail=(
+        (' (distilling from ' + s.teacher_path + ')' if s.teacher_path else '')
+        + (
+          ' (initialized from ' + s.init_from + ')'
+          if s.init_from and not resumed
+          else ''
+        )
+      ),
+      batch=train_data.batch,
+      train_step=step,
+      validate=validate,
+      log_fields=lambda aux: {'nll': float(aux['nll'])},
+      postfix=_postfix,
+      batch_tokens=lambda b: (
+        np.count_nonzero(b.targets) + np.count_nonzero(b.inputs)
+      ),
+      export=export,
+      summary=_summary,
+      product='model',
     ),
-    flush=True,
-  )
-  run = common.train_loop(
     state,
-    train_data.batch,
-    step,
-    validate,
-    model_dir,
-    common.LoopSettings(
-      train_steps,
-      eval_every,
-      checkpoint_every,
-      keep_checkpoints,
-      log_every,
-      max_minutes,
-      progress,
-    ),
-    log_fields=lambda aux: {'nll': float(aux['nll'])},
-    postfix=postfix,
-    batch_tokens=lambda b: (
-      np.count_nonzero(b.targets) + np.count_nonzero(b.inputs)
-    ),
-    name='train',
+    resumed,
   )
-  model_path = os.path.join(model_dir, MODEL_DIR)
-  export_model(run.state.params, config, vocabulary, model_path, save_dtype)
-  val = run.validation['validation_loss']
-  loss = run.train_loss
-  print(
-    f'train: step {int(run.state.step)}, train loss '
-    f'{loss if loss is None else round(loss, 4)}, '
-    f'validation loss {val:.4f}; model in {model_path}',
-    flush=True,
+  return TrainResult(
+    int(loop.state.step),
+    loop.train_loss,
+    loop.validation['validation_loss'],
+    loop.stopped,
+    model_path,
   )
-  return TrainResult(int(run.state.step), loss, val, run.stopped, model_path)
+
+
+def _postfix(record, validation):
+  val = '-' if validation is None else f'{validation["validation_loss"]:.3f}'
+  return {'tok_s': f'{record["tokens_per_s"]:.0f}', 'val': val}
+
+
+def _summary(loop: common.LoopResult) -> str:
+  loss = loop.train_loss
+  return (
+    f', train loss {loss if loss is None else round(loss, 4)}, '
+    f'validation loss {loop.validation["validation_loss"]:.4f}'
+  )
+
+
+def _vocabulary(settings: TrainSettings) -> vocab_lib.Vocabulary:
+  """The run's vocabulary, checked against `model_config`."""
+  vocabulary = (
+    vocab_lib.Vocabulary.from_file(paths.resolve(settings.vocabulary_file))
+    if settings.vocabulary_file
+    else None
+  )
+  vocab_size = settings.model_config.vocab_size
+  if vocabulary is not None and vocabulary.vocab_size > vocab_size:
+    raise ValueError(
+      f'vocabulary has {vocabulary.vocab_size} ids, model_config.vocab_size '
+      f'is {vocab_size}'
+    )
+  if vocabulary is None:
+    raise ValueError('train needs vocabulary_file (a sentencepiece model)')
+  return vocabulary
+
+
+def _init_model(
+  settings: TrainSettings, vocabulary: vocab_lib.Vocabulary
+) -> t5_model.Model:
+  """The `init_from` model, checked against the vocabulary and shapes."""
+  init_from = settings.init_from
+  init_model = t5_model.Model.load(paths.resolve(init_from), dtype='float32')
+  vocab_lib.check_compatible(init_model.vocabulary, vocabulary)
+  want = jax.eval_shape(
+    lambda: (
+      t5_model.Model.init(
+        settings.model_config.replace(param_dtype=jnp.float32),
+        seed=settings.seed,
+      ).params
+    )
+  )
+  got = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), init_model.params
+  )
+  if jax.tree.structure(want) != jax.tree.structure(got) or any(
+    a.shape != b.shape
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True)
+  ):
+    raise ValueError(
+      f'init_from {init_from!r}: its parameters do not have the shapes of '
+      'model_config (a different network)'
+    )
+  return init_model
+
+
+def _teacher(
+  settings: TrainSettings, vocabulary: vocab_lib.Vocabulary
+) -> tuple[t5_model.Model | None, LossSettings]:
+  """The frozen teacher (None without `teacher_path`) and the loss."""
+  s = settings
+  loss_settings = LossSettings(
+    s.label_smoothing, s.z_loss, 0.0, s.distill_temperature
+  )
+  if not s.teacher_path:
+    return None, loss_settings
+  teacher = t5_model.Model.load(paths.resolve(s.teacher_path), dtype='float32')
+  vocab_lib.check_compatible(teacher.vocabulary, vocabulary)
+  if teacher.config.vocab_size != s.model_config.vocab_size:
+    raise ValueError(
+      f'teacher vocab_size {teacher.config.vocab_size} != '
+      f'{s.model_config.vocab_size}'
+    )
+  teacher = t5_model.Model(
+    teacher.config.replace(dropout_rate=0.0),
+    jax.tree.map(jnp.asarray, teacher.params),
+  )
+  return teacher, dataclasses.replace(
+    loss_settings, distill_weight=s.distill_weight
+  )
 
 
 def _teacher_greedy_examples(
