@@ -1,11 +1,16 @@
 """Checkpoint formats: ours (orbax), Hugging Face, T5X; gin model files.
 
 `read`/`write` move a model's config, parameters and vocabulary between
-memory and a directory; `sd.Model.load`/`Model.save` wrap them. The format
-readers (`huggingface.py`, `t5x.py`) feed `assemble.py`, which checks
-names and shapes against the config before reading a tensor. `convert.py` is
-`spec-decode convert`. (Model gin files, ours or T5X's, are read by
-`T5Config.from_gin`, `spec_decode/t5/gin_file.py`.)
+memory and a directory; `sd.Model.load`/`Model.save` wrap them. (Model gin
+files, ours or T5X's, are read by `T5Config.from_gin`,
+`spec_decode/t5/gin_file.py`.)
+
+  loader.py       `read`/`write`: detects the format; ours (orbax) read here
+  huggingface.py  a Hugging Face T5 / MT5 / UMT5 directory (safetensors, torch)
+  t5x.py          a T5X checkpoint directory (msgpack + zarr arrays)
+  assemble.py     names and shapes checked against the config, one tensor
+                  at a time, cast to the requested dtype
+  convert.py      `spec-decode convert`: any format -> ours
 """
 
 from spec_decode.checkpoints.assemble import CheckpointError

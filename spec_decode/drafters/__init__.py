@@ -5,6 +5,11 @@ the others implement the drafter protocol (`spec_decode.core.drafter`)
 directly. This package holds protocol implementations only; the benchmark's
 controlled-acceptance draft is `spec_decode.bench.controlled`.
 Pass any of them as `draft=` to `spec_decode.generate`.
+
+  ngram.py         an order-n n-gram table (the paper's unigram / bigram)
+  copy.py          prompt lookup: what followed an earlier match of the suffix
+  heads.py         Medusa / blockwise-parallel heads on the target's features
+  hierarchical.py  a draft model sped up by a draft of its own
 """
 
 from spec_decode.core.drafter import DraftContext

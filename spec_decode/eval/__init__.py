@@ -9,7 +9,9 @@ report.py     results.json's numbers, summary.md, the plots
 run.py        evaluate (and the names gin files use as `spec_eval`)
 compare.py    several runs side by side (drafters, t, lenience, dyn. γ)
 drafters.py   drafters built from gin (n-gram, copy, heads, hierarchical)
+hosts.py      several processes: who feeds which rows, who writes
 cli.py        `spec-decode eval` (with t5x_run_cli.py, the only modules here
               that use gin)
 t5x_run_cli.py  T5X's run files, macros and flags; the aliases
+verify_cli.py `spec-decode verify`: is a target/draft pair exact?
 """

@@ -1,5 +1,9 @@
 """Language models behind the protocol: `Model` (a T5 network with its
-weights, loading and saving) and `TableLM` (an n-gram table)."""
+weights, loading and saving) and `TableLM` (an n-gram table).
+
+  t5_model.py  `Model`: a T5 network with its weights (pytree), load, save
+  table_lm.py  `TableLM`: next-token logits from a [V, V] table
+"""
 
 from spec_decode.models.t5_model import Model
 from spec_decode.models.t5_model import shift_right

@@ -1,2 +1,9 @@
 """T5 as T5X defines it: `T5Config`, the Flax network with T5X's parameter
-names, the per-row KV cache, and the sentencepiece vocabulary."""
+names, the per-row KV cache, and the sentencepiece vocabulary.
+
+  config.py    `T5Config`: hyperparameters with T5X's field names
+  network.py   the encoder-decoder in Flax linen, T5X's parameter paths
+  cache.py     the functional KV cache with a per-row write index
+  vocab.py     the sentencepiece `Vocabulary` with T5's conventions
+  gin_file.py  model gin files (ours or T5X's) read as a file format
+"""

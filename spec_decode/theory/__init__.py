@@ -3,6 +3,9 @@ theory`); `spec-decode theory` (`theory/cli.py`) prints its tables.
 
 Numpy only: this package sits at the bottom of the layering, so the engine's
 gamma policy and the reports both use it.
+
+  analysis.py  the closed forms: expected tokens, speedup, optimal gamma...
+  cli.py       `spec-decode theory`: Table 1, optimal-gamma tables, figures
 """
 
 from spec_decode.theory.analysis import GammaChoice
