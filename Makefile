@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # seqio (with TensorFlow, ~2.5 GB) runs the seqio-task tests; EXTRAS=test,hf,metrics
-# leaves it out (seqio tasks then cannot be used; test_seqio.py skips).
+# leaves it out (seqio tasks then cannot be used; tests/data/test_seqio.py skips).
 EXTRAS ?= test,hf,metrics,seqio
 # A new setup.py or another EXTRAS reinstalls.
 STAMP := $(VENV)/.installed-$(shell (cat setup.py; echo '$(EXTRAS)') | cksum | cut -d' ' -f1)

@@ -26,8 +26,8 @@ from conftest import tiny_config
 from scipy import stats
 
 import spec_decode as sd
+from spec_decode.core import rejection
 from spec_decode.core import sampling
-from spec_decode.core import verify
 from spec_decode.models.t5_model import shift_right
 
 V, M, N, BATCH = 6, 4, 24_000, 4_000
@@ -126,7 +126,7 @@ class ResidualDroppingVerifier:
     greedy=False,
     num_proposed=None,
   ):
-    exact = verify.ExactVerifier()(
+    exact = rejection.ExactVerifier()(
       p,
       q,
       draft_tokens,

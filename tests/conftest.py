@@ -18,6 +18,9 @@ import pytest  # noqa: E402
 
 import spec_decode as sd  # noqa: E402
 
+# The repository root (tests live in subfolders mirroring the package).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 jax.config.update('jax_enable_x64', False)
 
 

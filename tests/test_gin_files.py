@@ -308,7 +308,7 @@ def test_t5x_dataset_config_bindings_set_their_macros():
 
 def test_a_t5x_binding_without_counterpart_is_refused(capsys):
   # (num_partitions and model_parallel_submesh have counterparts: the mesh
-  # macros; tests/test_t5x_run_files.py.)
+  # macros; tests/eval/test_t5x_run_files.py.)
   flag = '--gin.partitioning.PjitPartitioner.use_cpu_pjit=True'
   assert cli.main([SMOKE, flag]) == 2
   err = capsys.readouterr().err

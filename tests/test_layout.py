@@ -1,11 +1,16 @@
 """The package's layering, measured over `ast` (no imports are executed).
 
-Layers, bottom to top (README "Architecture"): paths and theory; core (the
-engine: no T5, no files, no gin); kernels; t5; checkpoints; models and
-parallel; drafters; the public API (`spec_decode/__init__.py`); data; train
-and eval; bench; command lines (`main.py`, `gin_cli.py`, `demo.py`, every
-`cli.py` and `*_cli.py`). A module imports only from its own layer or
-below, the import graph has no cycles, and gin stays at the command lines.
+Layers, bottom to top (README "Architecture"): paths and theory; the engine
+in its rooms, core (the primitives) <- policy (costs and the gamma policy)
+<- tree, beam <- chain (`generate`, which hands `tree=` to tree) <- check
+(the pair check); kernels; t5; checkpoints; models and parallel; drafters;
+the public API (`spec_decode/__init__.py`); data; train and eval; bench;
+command lines (`main.py`, `gin_cli.py`, `demo.py`, every `cli.py` and
+`*_cli.py`). A module imports only from its own layer or below, never from
+a sibling room of its layer, the import graph has no cycles, and gin stays
+at the command lines. The engine has no T5, no gin, no files but the cost
+cache. Sizes: no module over 600 lines, no folder over 15 modules, no
+function over 150 lines but the compiled loop bodies named in LONG_FUNCTIONS.
 
 `python tests/test_layout.py` prints the numbers (modules, arrows, floors).
 """
@@ -25,19 +30,34 @@ RANKS = {
   'spec_decode.paths': 0,
   'spec_decode.theory': 0,
   'spec_decode.core': 1,
-  'spec_decode.kernels': 2,
-  'spec_decode.t5': 3,
-  'spec_decode.checkpoints': 4,
-  'spec_decode.models': 5,
-  'spec_decode.parallel': 5,
-  'spec_decode.drafters': 6,
-  'spec_decode': 7,  # The public API re-exports (the package __init__).
-  'spec_decode.data': 8,
-  'spec_decode.train': 9,
-  'spec_decode.eval': 9,
-  'spec_decode.bench': 10,
+  'spec_decode.policy': 2,
+  'spec_decode.tree': 3,
+  'spec_decode.beam': 3,
+  'spec_decode.chain': 4,
+  'spec_decode.check': 5,
+  'spec_decode.kernels': 6,
+  'spec_decode.t5': 7,
+  'spec_decode.checkpoints': 8,
+  'spec_decode.models': 9,
+  'spec_decode.parallel': 9,
+  'spec_decode.drafters': 10,
+  'spec_decode': 11,  # The public API re-exports (the package __init__).
+  'spec_decode.data': 12,
+  'spec_decode.train': 13,
+  'spec_decode.eval': 13,
+  'spec_decode.bench': 14,
 }
-CLI_RANK = 11
+CLI_RANK = 15
+# The engine's rooms (no T5, no files but the cost cache, no gin).
+ENGINE = ('core', 'policy', 'tree', 'beam', 'chain', 'check')
+MAX_MODULES_PER_FOLDER = 15
+MAX_FUNCTION_LINES = 150
+# Functions allowed over MAX_FUNCTION_LINES, with why: each builds one
+# compiled loop whose body closes over the decode's models and settings
+# (splitting it would pass a dozen traced values through helper calls).
+LONG_FUNCTIONS = {
+  ('spec_decode.beam.speculative', 'spec_beam_decode'),
+}
 # Command-line modules besides every `cli.py`.
 CLI_MODULES = {'spec_decode.main', 'spec_decode.gin_cli', 'spec_decode.demo'}
 # The one library module that reads gin *syntax* (a file format) with gin's
@@ -205,14 +225,44 @@ def test_no_import_runs_up_a_layer():
   assert upward == []
 
 
-def test_core_is_the_engine_only():
-  """The loop reaches drafters through the protocol: core imports no
+def room(module: str) -> str:
+  """The folder a module lives in (`spec_decode.chain`), or the package."""
+  parts = module.split('.')
+  if module in MODULES and MODULES[module].endswith('__init__.py'):
+    return module
+  return '.'.join(parts[:-1]) if len(parts) > 1 else module
+
+
+def test_engine_is_the_engine_only():
+  """The loops reach drafters through the protocol: the engine imports no
   drafter, no T5, no files, no gin."""
+  engine = {f'{PACKAGE}.{r}' for r in ENGINE}
+
+  def in_engine(module):
+    return any(module == e or module.startswith(e + '.') for e in engine)
+
   for m, (_, imports) in PARSED.items():
-    if rank(m) == RANKS['spec_decode.core']:
+    if in_engine(m):
       ours = {t for t, _ in imports.targets}
-      assert all(t.startswith('spec_decode.core') or rank(t) == 0 for t in ours)
+      assert all(in_engine(t) or rank(t) == 0 for t in ours), m
       assert not imports.external & {'gin', 'orbax.checkpoint', 'tqdm'}, m
+
+
+def _nested(a: str, b: str) -> bool:
+  """One room is the other or inside it (`bench` and `bench.beam`)."""
+  return a == b or a.startswith(b + '.') or b.startswith(a + '.')
+
+
+def test_sibling_rooms_do_not_import_each_other():
+  """Rooms of one layer (tree and beam, models and parallel, train and
+  eval) are independent: neither imports the other."""
+  sideways = [
+    f'{m} imports {t}'
+    for m, targets in graph().items()
+    for t in targets
+    if not is_cli(m) and rank(t) == rank(m) and not _nested(room(t), room(m))
+  ]
+  assert sideways == []
 
 
 def test_gin_only_at_the_command_lines():
@@ -274,14 +324,79 @@ def test_small_modules_and_a_short_top_level():
   assert len(top) <= MAX_TOP_LEVEL, sorted(top)
 
 
+def modules_per_folder() -> dict[str, int]:
+  """Modules (`__init__.py` not counted) in each folder of the package."""
+  counts = collections.Counter(
+    os.path.dirname(p)
+    for p in MODULES.values()
+    if not p.endswith('__init__.py')
+  )
+  return {
+    os.path.relpath(d, os.path.dirname(ROOT)): n for d, n in counts.items()
+  }
+
+
+def long_functions(
+  limit: int = MAX_FUNCTION_LINES,
+) -> list[tuple[str, str, int]]:
+  """(module, function, lines) of every function over `limit` lines."""
+  out = []
+  for m, (tree, _) in PARSED.items():
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > limit:
+          out.append((m, node.name, lines))
+  return sorted(out, key=lambda x: -x[2])
+
+
+def test_small_folders_and_short_functions():
+  crowded = {
+    d: n for d, n in modules_per_folder().items() if n > MAX_MODULES_PER_FOLDER
+  }
+  assert crowded == {}
+  too_long = [
+    f'{m}.{f}: {n} lines'
+    for m, f, n in long_functions()
+    if (m, f) not in LONG_FUNCTIONS
+  ]
+  assert too_long == []
+  # The allowance names only functions that exist and are still long.
+  found = {(m, f) for m, f, _ in long_functions()}
+  assert LONG_FUNCTIONS <= found, LONG_FUNCTIONS - found
+
+
+def test_every_package_indexes_its_modules():
+  """A folder's `__init__.py` docstring names each of its modules and
+  subfolders (`name.py`, `name/`)."""
+  missing = []
+  for m, path in MODULES.items():
+    if not path.endswith('__init__.py'):
+      continue
+    tree, _ = PARSED[m]
+    doc = ast.get_docstring(tree) or ''
+    folder = os.path.dirname(path)
+    for entry in sorted(os.listdir(folder)):
+      full = os.path.join(folder, entry)
+      if entry.endswith('.py') and entry != '__init__.py':
+        name = entry
+      elif os.path.isfile(os.path.join(full, '__init__.py')):
+        name = entry + '/'
+      else:
+        continue
+      if name not in doc:
+        missing.append(f'{m}: {name}')
+  assert missing == []
+
+
 def test_negative_control_detects_a_cycle_and_an_upward_import():
   """The checks above can fail: a made-up graph with both faults."""
   edges = {
-    'spec_decode.core.loops': {'spec_decode.drafters.ngram'},
-    'spec_decode.drafters.ngram': {'spec_decode.core.loops'},
+    'spec_decode.chain.loops': {'spec_decode.drafters.ngram'},
+    'spec_decode.drafters.ngram': {'spec_decode.chain.loops'},
   }
   assert cycles(edges) == [sorted(edges)]
-  assert rank('spec_decode.drafters.ngram') > rank('spec_decode.core.loops')
+  assert rank('spec_decode.drafters.ngram') > rank('spec_decode.chain.loops')
 
 
 def summary() -> dict[str, int]:
@@ -295,6 +410,8 @@ def summary() -> dict[str, int]:
     'floors': floors(edges),
     'cycles': len(cycles(edges)),
     'upward': sum(rank(t) > rank(m) for m, ts in edges.items() for t in ts),
+    'largest_folder_modules': max(modules_per_folder().values()),
+    'longest_functions': [f'{m}.{f} {n}' for m, f, n in long_functions()],
     'largest_module_lines': max(
       sum(1 for _ in open(p, encoding='utf-8')) for p in MODULES.values()
     ),

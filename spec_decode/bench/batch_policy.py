@@ -3,7 +3,8 @@
 A grid of batch sizes x controlled acceptance rates (`ControlledDraft`,
 greedy, the bench target with EOS suppressed so every row decodes M tokens):
 tokens/s of plain decoding, of each fixed gamma in `GAMMAS` and of
-`gamma='auto'` (the in-loop finish-time policy, `core.gamma_policy`), timed side
+`gamma='auto'` (the in-loop finish-time policy, `policy.finish_time`), timed
+side
 by side in rounds (one repeat of each per round, medians), so that a busy
 machine slows them alike. The policy's costs are measured in this run (a
 fresh cost cache) before its decodes are timed; the measurement is reported,

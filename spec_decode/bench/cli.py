@@ -33,7 +33,7 @@ BENCHMARKS = {
     'load time and peak host memory of a model in each checkpoint format',
   ),
   'draft_dtype': (
-    'spec_decode.bench.draft_dtype',
+    'spec_decode.bench.drafts.dtype',
     "the draft's weights in float32 against bfloat16 (packed)",
   ),
   'kernel': (
@@ -41,7 +41,7 @@ BENCHMARKS = {
     "XLA's dot vs the small-K CPU kernel, inside jit",
   ),
   'drafters': (
-    'spec_decode.bench.drafter_table',
+    'spec_decode.bench.drafts.table',
     'acceptance of the unigram, bigram and Copy drafters on a Debian task',
   ),
   'memory': (
@@ -49,15 +49,15 @@ BENCHMARKS = {
     'bytes per device on the capacity plan meshes, against the plan',
   ),
   'hierarchical': (
-    'spec_decode.bench.hierarchical',
+    'spec_decode.bench.drafts.hierarchical',
     'hierarchical drafting on the demo pair (Debian EnDe, greedy)',
   ),
   'trees': (
-    'spec_decode.bench.trees',
+    'spec_decode.bench.drafts.trees',
     'token trees vs chains: tokens per target call and wall time',
   ),
   'beam': (
-    'spec_decode.bench.beam',
+    'spec_decode.bench.beam.search',
     'plain vs speculative beam search: wall time and steps per target call',
   ),
 }

@@ -19,7 +19,7 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode.checkpoints import huggingface
-from spec_decode.core import costs
+from spec_decode.policy import timing
 
 _RESIDUAL_SCALE = 0.1
 _LOGIT_SCALE = 3.0
@@ -92,7 +92,7 @@ def run(
     return {'skipped': f'transformers/torch not installed ({e})'}
   target, draft = agreeable_pair(cfg, draft_layers, residual_scale)
   draft = draft.for_drafting()  # what `generate` proposes with
-  steps = [costs.step_times(m, [1], repeats)[1] for m in (target, draft)]
+  steps = [timing.step_times(m, [1], repeats)[1] for m in (target, draft)]
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, 1000, (1, 24)).astype(np.int32)
 
@@ -100,10 +100,10 @@ def run(
   ours_spec = sd.generate(
     target, inputs, draft=draft, gamma=gamma, max_decode_len=max_len
   )
-  t_plain = costs.median_time(
+  t_plain = timing.median_time(
     lambda: sd.generate(target, inputs, max_decode_len=max_len), repeats
   )
-  t_spec = costs.median_time(
+  t_spec = timing.median_time(
     lambda: sd.generate(
       target, inputs, draft=draft, gamma=gamma, max_decode_len=max_len
     ),
@@ -168,8 +168,8 @@ def run(
 
   hf_greedy = hf_plain().numpy()[0, 1:]
   hf_assist = hf_assisted().numpy()[0, 1:]
-  th_plain = costs.median_time(hf_plain, repeats)
-  th_assist = costs.median_time(hf_assisted, repeats)
+  th_plain = timing.median_time(hf_plain, repeats)
+  th_assist = timing.median_time(hf_assisted, repeats)
   ours_tps = max_len / t_spec
   hf_tps = max_len / th_assist
   return dict(

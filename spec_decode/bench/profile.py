@@ -41,8 +41,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.core import generation
-from spec_decode.core import loops
+from spec_decode.chain import loops
+from spec_decode.core import inputs
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.core.decode_settings import DecodeSettings
@@ -465,7 +465,7 @@ def profile_iteration(
     sampler=sampling.Sampler(),
     gamma=int(gamma),
   )
-  keys = generation.row_keys(seed, enc.shape[0])
+  keys = inputs.row_keys(seed, enc.shape[0])
   tgt = _Scoped(inner=target, name='target')
   drafter = _scoped_drafter(draft)
   run = lambda: loops.speculative_decode_jit(  # noqa: E731

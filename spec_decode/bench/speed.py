@@ -46,8 +46,8 @@ from spec_decode.bench import batch_policy
 from spec_decode.bench import controlled
 from spec_decode.bench import peer
 from spec_decode.bench import profile
-from spec_decode.core import costs
-from spec_decode.core import loops
+from spec_decode.chain import loops
+from spec_decode.policy import timing
 
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
 PROFILE_GAMMAS = (4, 8)
@@ -135,8 +135,8 @@ def peer_pairs(cfg: BenchConfig) -> dict[str, tuple[int, int, float]]:
   return {name: pairs[name] for name in cfg.peer_pairs}
 
 
-_median_time = costs.median_time
-step_times = costs.step_times
+_median_time = timing.median_time
+step_times = timing.step_times
 
 
 def copy_bandwidth(megabytes: int, repeats: int) -> float:
@@ -266,7 +266,7 @@ def controlled_speedups(
     measured_loop = (plain_time - setup_plain) / (spec_time - setup_spec)
     iteration = (spec_time - setup_spec) / max(spec.stats.target_calls, 1)
     model_calls = gamma * d_times[1] + t_times[1] * v_of_k[gamma + 1]
-    in_context = costs.iteration_time(target, draft_net, gamma, cfg.repeats)
+    in_context = timing.iteration_time(target, draft_net, gamma, cfg.repeats)
     predicted_in_context = float(
       theory.expected_tokens(a_hat, gamma) * t_times[1] / in_context
     )

@@ -2,8 +2,8 @@
 
 import dataclasses
 
+from spec_decode.core import rejection
 from spec_decode.core import sampling
-from spec_decode.core import verify
 from spec_decode.core.ids import EOS_ID
 
 
@@ -21,13 +21,13 @@ class DecodeSettings:
     dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
       where its confidence drops below tau (`drafters.model_drafter`).
     gamma_policy: gamma='auto': every iteration picks its gamma in
-      {0, ..., G} at run time (`core.gamma_policy`).
+      {0, ..., G} at run time (`policy.finish_time`).
   """
 
   max_decode_len: int
   sampler: sampling.Sampler = sampling.Sampler()
   gamma: int = 4
-  verifier: verify.Verifier = verify.ExactVerifier()
+  verifier: rejection.Verifier = rejection.ExactVerifier()
   eos_id: int = EOS_ID
   dynamic_gamma: float = 0.0
   gamma_policy: bool = False

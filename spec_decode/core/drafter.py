@@ -6,7 +6,7 @@ and never looks inside the drafter. Any language model (`protocol.py`) is a
 drafter through `ModelDrafter` (G autoregressive draft steps); n-gram
 tables, prompt lookup, Medusa heads and hierarchical drafts implement
 `propose` directly. Drafters that can propose token trees also implement
-`propose_tree` (the tree loop, `core/tree_loop.py`).
+`propose_tree` (the tree loop, `tree/loop.py`).
 
 Exactness needs only that `q[b, i]` is the distribution `tokens[b, i]` was
 drawn from, given the row's prefix and the tokens proposed before it, and
@@ -71,7 +71,7 @@ class Proposal:
 
 @flax.struct.dataclass(kw_only=True)
 class TreeProposal:
-  """Draft tokens for one iteration of the tree loop (`core/tree.py`).
+  """Draft tokens for one iteration of the tree loop (`core/tree_shape.py`).
 
   Attributes:
     tokens: `[B, N] int32` the token of nodes 1..N (breadth first).
@@ -133,7 +133,7 @@ class Drafter(Protocol):
     tree loop passes the `settings` with `gamma` = D. Exactness needs, per
     node, that its token was drawn from its `q` given its path and its
     elder siblings, and that `valid` depends on nothing the verifier draws
-    (`core/tree_verify.py`).
+    (`tree/verification.py`).
     """
     ...
 
@@ -146,3 +146,11 @@ def full_proposal(tokens: jax.Array, q: jax.Array | None) -> Proposal:
 
 def is_drafter(obj: Any) -> bool:
   return hasattr(obj, 'propose') and hasattr(obj, 'init_draft')
+
+
+def zero_gamma_ok(draft: Any) -> bool:
+  """Gamma 0 (no draft call) keeps `draft` usable: a language model (caught
+  up later) or a drafter without state."""
+  if not is_drafter(draft):
+    return True
+  return draft.init_draft(jnp.zeros((1, 1), jnp.int32), 1) is None

@@ -85,7 +85,7 @@ class DraftingCopy(Protocol):
 
 
 class TreeLanguageModel(LanguageModel, Protocol):
-  """A language model that can also score token trees (`core/tree.py`).
+  """A language model that can also score token trees (`core/tree_shape.py`).
 
   The tree loop needs it of the target, and `ModelDrafter` of a draft that
   proposes trees. A tree call writes nodes into scratch slots past the

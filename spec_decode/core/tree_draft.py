@@ -26,7 +26,7 @@ import numpy as np
 
 from spec_decode.core import sampling
 from spec_decode.core.drafter import TreeProposal
-from spec_decode.core.tree import TreeShape
+from spec_decode.core.tree_shape import TreeShape
 
 _MASS_FLOOR = 1e-12
 

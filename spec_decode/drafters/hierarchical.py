@@ -5,7 +5,7 @@ draft": `Hierarchical(draft_model, sub_draft, gamma=k)` is a drafter whose G
 tokens per outer iteration are `draft_model`'s own samples, produced by
 running Algorithm 1 one level down. Each inner iteration lets `sub_draft`
 propose k tokens, scores them with `draft_model` in ONE call of k + 1 inputs,
-verifies them with `verify.ExactVerifier` (exact: no lenience inside),
+verifies them with `rejection.ExactVerifier` (exact: no lenience inside),
 and appends the accepted tokens and the next one, until every row has at
 least G tokens (a `lax.while_loop` of at most G iterations, fixed shapes).
 The proposal's `q` is `draft_model`'s distribution (after the loop's sampler)
@@ -52,9 +52,9 @@ from jax import lax
 
 from spec_decode.core import drafter
 from spec_decode.core import model_drafter
+from spec_decode.core import rejection
 from spec_decode.core import sampling
-from spec_decode.core import verify
-from spec_decode.core import verify_block
+from spec_decode.core import verified_block
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
@@ -216,7 +216,7 @@ class Hierarchical:
   sub_draft: Any
   gamma: int = flax.struct.field(pytree_node=False, default=2)
   verifier: Any = flax.struct.field(
-    pytree_node=False, default=verify.ExactVerifier()
+    pytree_node=False, default=rejection.ExactVerifier()
   )
   stats_callback: Callable[[InnerCounters], Any] | None = flax.struct.field(
     pytree_node=False, default=None
@@ -296,7 +296,7 @@ class Hierarchical:
         inputs=inputs,
         length=length,
         encoder_tokens=context.encoder_tokens,
-        keys=sampling.position_keys(base_keys, rel, verify_block.SAMPLE),
+        keys=sampling.position_keys(base_keys, rel, verified_block.SAMPLE),
       )
 
     # The sub-draft was never asked at n - 1 (see the module docstring).
@@ -377,7 +377,7 @@ class Hierarchical:
       feed = jnp.concatenate([newest, sub_tokens], 1)
       logits, ds = model.score(model.rollback(c.draft, length), feed)
     rel = m[:, None] + 1 + jnp.arange(k + 1)[None]
-    result, p = verify_block.verify_block(
+    result, p = verified_block.verify_block(
       self.verifier, sampler, logits, proposal, base_keys, rel
     )
     a = result.accepted

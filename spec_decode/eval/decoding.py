@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 import spec_decode as sd
-from spec_decode.core import costs as costs_lib
-from spec_decode.core import verify
+from spec_decode.core import rejection
 from spec_decode.eval import settings as settings_lib
+from spec_decode.policy import timing as costs_lib
 
 _MIN_BUCKET = 8
 # The speculative "γ" of an auto-γ run: `sd.generate(gamma='auto')`, the
@@ -214,7 +214,7 @@ class Decoder:
     self.target = target
     self.draft = draft
     self.settings = settings
-    self._verifier = verify.ExactVerifier(lenience=settings.lenience)
+    self._verifier = rejection.ExactVerifier(lenience=settings.lenience)
     self._seen = set()
     self.cost_models: list[dict[str, Any]] = []
 

@@ -487,7 +487,7 @@ def _beam_auto_lines(r: dict[str, Any]) -> list[str]:
   lines = [
     f'gamma = auto: each iteration was a plain beam step or a speculative '
     f'call with draft trees of depth {g_max}, whichever was expected to '
-    f'commit more steps per second (`core/beam_policy.py`); summed over '
+    f'commit more steps per second (`beam/policy.py`); summed over '
     f'batches: {kinds[0]} plain steps, {kinds[-1]} speculative calls.',
   ]
   for model in (r.get('gamma_policy') or {}).get('cost_models', []):

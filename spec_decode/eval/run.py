@@ -28,8 +28,8 @@ against γ is plotted; the top-level fields describe the first γ), or
 `'auto'`: the speculative side is `sd.generate(gamma='auto')`, whose
 finish-time policy picks each iteration's γ in {0, ..., max_auto_gamma} inside
 the compiled loop from the rows' running acceptance and a cost model
-measured once and cached on disk (`core/gamma_policy.py`,
-`core/auto_gamma.py`). Nothing is decoded to choose γ and the policy never
+measured once and cached on disk (`policy/finish_time.py`,
+`policy/loop_costs.py`). Nothing is decoded to choose γ and the policy never
 sees the draws it decodes with. Its records are keyed `'auto'`; the report
 gives the iterations run at each γ and the cost model(s) used (run_state.json
 keeps them, so a resumed run reports them too).

@@ -10,7 +10,7 @@
         --draft_gin_file models/t5_1_1/tiny.gin --draft_seed 1   # random
     spec-decode verify --target /ckpt/xxl --draft_ngram outputs.txt
 
-Runs `sd.verify` (spec_decode/core/pair_check.py): greedy identity at
+Runs `sd.verify` (spec_decode/check/pair.py): greedy identity at
 each gamma, and per sampling setting (temperature; with top-k; with top-p)
 a zero-probability check, a PIT chi-square and an enumerated G-test of N
 sampled sequences against the target's exact distribution. Prints the
@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 import spec_decode as sd
-from spec_decode.core import pair_check
+from spec_decode.check import pair as pair_check
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -144,7 +144,7 @@ def tree_layout(index: jax.Array, length: int, tree):
     length: L, cache slots.
     tree: the call's `TreeAttention` (static), or an object with its
       fields whose `mask_array()` is `[B, T, offset + T]`, one mask per row
-      (speculative beam search, `core.beam_trees.RowTreeAttention`).
+      (speculative beam search, `beam.draft_trees.RowTreeAttention`).
 
   Returns:
     `q_pos [B, T]`, `k_pos [B, L]` (a scratch slot's position is that of

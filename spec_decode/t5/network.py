@@ -36,7 +36,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.core.tree import TreeAttention
+from spec_decode.core.tree_shape import TreeAttention
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5.config import T5Config

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spec_decode.core import generation
+from spec_decode.chain import generation
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.models import t5_model
 from spec_decode.train import common

@@ -1,0 +1,9 @@
+"""Benches of drafts: their dtype, every drafter side by side, trees.
+
+Each is a `spec-decode bench` subcommand (`bench/cli.py`):
+
+  dtype.py         the draft's weights in float32 vs bfloat16 (c and alpha)
+  table.py         every drafter on one task: alpha, c, speedup
+  hierarchical.py  the hierarchical drafter against its parts
+  trees.py         token trees against chains at equal target positions
+"""

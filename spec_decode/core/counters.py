@@ -1,0 +1,134 @@
+"""What a speculative decode counts, in the loop and on the host.
+
+`SpecCounters` is the loop's carry (per row, on the device; the chain loops
+and the tree loop fill it alike, a tree's depth d playing a chain's position
+d); `SpecStats` is what `generate` returns, the counters summed on the host
+into the paper's quantities (alpha, tokens per call, per-position acceptance).
+"""
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass(kw_only=True)
+class SpecCounters:
+  """Per-row statistics of a speculative decode (all `[B, ...]`).
+
+  Attributes:
+    iterations: `[B]` iterations (= target calls) while the row was active.
+    accepted_histogram: `[B, G + 1]` iterations that accepted 0..G tokens.
+    position_tries: `[B, G]` iterations whose draft token i was tested (its
+      prefix accepted).
+    position_accepts: `[B, G]` iterations whose draft token i was accepted.
+    beta_sum: `[B]` sum of beta over tested positions.
+    proposed: `[B]` draft tokens proposed while the row was active (G per
+      iteration unless the drafter proposes fewer).
+    gamma_histogram: `[B, G + 1]` iterations run at each gamma while the row
+      was active (gamma='auto'; None with a fixed gamma).
+  """
+
+  iterations: jax.Array
+  accepted_histogram: jax.Array
+  position_tries: jax.Array
+  position_accepts: jax.Array
+  beta_sum: jax.Array
+  proposed: jax.Array
+  gamma_histogram: jax.Array | None = None
+
+  @classmethod
+  def zeros(
+    cls, batch: int, gamma: int, with_gammas: bool = False
+  ) -> 'SpecCounters':
+    return cls(
+      iterations=jnp.zeros((batch,), jnp.int32),
+      accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
+      position_tries=jnp.zeros((batch, gamma), jnp.int32),
+      position_accepts=jnp.zeros((batch, gamma), jnp.int32),
+      beta_sum=jnp.zeros((batch,), jnp.float32),
+      proposed=jnp.zeros((batch,), jnp.int32),
+      gamma_histogram=(
+        jnp.zeros((batch, gamma + 1), jnp.int32) if with_gammas else None
+      ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStats:
+  """Statistics of a speculative decode (numpy, on the host).
+
+  Aggregated over rows:
+    target_calls: target calls (loop iterations of the batch).
+    draft_calls: draft forward calls (gamma per iteration; with fewer
+      proposals in some iterations, the most any row proposed).
+    accepted_histogram: `[G + 1]` iterations (summed over rows) that
+      accepted 0..G draft tokens.
+    per_position_acceptance: `[G]` P(draft token i accepted | tokens before
+      it accepted), over iterations where it was tested.
+    alpha: mean beta = sum_x min(p, q) over drafted positions whose prefix
+      was accepted (the paper's alpha estimate, section 3.1).
+    tokens_per_call: output tokens per target call, mean over rows.
+    mean_proposed: draft tokens proposed per iteration, mean over rows and
+      iterations (gamma unless the drafter proposes fewer).
+  Per row (`[B, ...]`): `row_iterations`, `row_accepted_histogram`,
+  `row_alpha`, `row_tokens_per_call`, and the raw counts behind them,
+  `row_position_tries [B, G]`, `row_position_accepts [B, G]` (per position:
+  iterations that tested / accepted it), `row_beta_sum [B]` and
+  `row_proposed [B]`; with gamma='auto', `row_gamma_histogram [B, G + 1]`
+  (iterations run at each gamma while the row was active; G is then the
+  largest gamma, and `accepted_histogram` counts drafting iterations only).
+  """
+
+  target_calls: int
+  draft_calls: int
+  accepted_histogram: np.ndarray
+  per_position_acceptance: np.ndarray
+  alpha: float
+  tokens_per_call: float
+  row_iterations: np.ndarray
+  row_accepted_histogram: np.ndarray
+  row_alpha: np.ndarray
+  row_tokens_per_call: np.ndarray
+  row_position_tries: np.ndarray
+  row_position_accepts: np.ndarray
+  row_beta_sum: np.ndarray
+  mean_proposed: float = 0.0
+  row_proposed: np.ndarray | None = None
+  row_gamma_histogram: np.ndarray | None = None
+
+  @property
+  def gamma(self) -> int:
+    return len(self.per_position_acceptance)
+
+  @classmethod
+  def from_counters(
+    cls, counters: SpecCounters, lengths: np.ndarray
+  ) -> 'SpecStats':
+    c = jax.tree.map(np.asarray, counters)
+    gamma = c.position_tries.shape[1]
+    tries = c.position_tries.sum(0)
+    tested = c.position_tries.sum(1)
+    iters = c.iterations
+    return cls(
+      target_calls=int(iters.max(initial=0)),
+      draft_calls=int(
+        min(iters.max(initial=0) * gamma, c.proposed.max(initial=0))
+      ),
+      accepted_histogram=c.accepted_histogram.sum(0),
+      per_position_acceptance=c.position_accepts.sum(0) / np.maximum(tries, 1),
+      alpha=float(c.beta_sum.sum() / max(tested.sum(), 1)),
+      tokens_per_call=float(lengths.sum() / max(iters.sum(), 1)),
+      row_iterations=iters,
+      row_accepted_histogram=c.accepted_histogram,
+      row_alpha=c.beta_sum / np.maximum(tested, 1),
+      row_tokens_per_call=lengths / np.maximum(iters, 1),
+      row_position_tries=c.position_tries,
+      row_position_accepts=c.position_accepts,
+      row_beta_sum=c.beta_sum,
+      mean_proposed=float(c.proposed.sum() / max(iters.sum(), 1)),
+      row_proposed=c.proposed,
+      row_gamma_histogram=c.gamma_histogram,
+    )

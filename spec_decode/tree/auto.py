@@ -1,0 +1,277 @@
+"""`tree='auto'`: a tree shape from measured acceptance and measured costs.
+
+1. A calibration decode of this batch with `CALIBRATION` (a wide, deep
+   tree) measures a[d][r] = P(the rank-r child at depth d is accepted | it
+   is tested), `tree_generate.report`'s `rank_acceptance`. Depths and ranks
+   the calibration tree lacks take the deepest measured depth's value, and
+   0 for untested ranks.
+2. Under the model that a node at depth d and rank r is accepted with
+   probability a[d][r] given that its parent was accepted and its elder
+   siblings rejected, a node's probability of being accepted is
+   P(parent) * prod_{r' < r} (1 - a[d][r']) * a[d][r], and the expected
+   tokens per call are 1 + the sum over nodes. `best_trees` finds, for
+   every budget n, the tree of at most n nodes with the most expected
+   tokens (a dynamic program, as Sequoia's).
+3. Cost of an iteration with n nodes at depth D: whole tree-loop
+   iterations (the drafter's tree, the target's tree call, verification,
+   the commit) are timed at this batch size and sampler for chains of
+   depth 1, 2, 4, 8 and stars of 4, 16, 32 nodes (median of calls inside a
+   compiled loop), and t(n, D) = a + b n + c D is fitted to them.
+4. Over every budget n <= `MAX_NODES` and depth cap D <= `MAX_DEPTH`, the
+   best tree (step 2 with depths beyond the cap removed) with the most
+   expected tokens per second is chosen; the report gives the expected and
+   the measured tokens per call.
+"""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from spec_decode.core import drafter as drafter_lib
+from spec_decode.core import model_drafter
+from spec_decode.core import tree_shape as tree_lib
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.policy import timing
+from spec_decode.tree import verification as tree_verification
+
+CALIBRATION = (4, 2, 2, 1, 1, 1)
+MAX_NODES = 32
+MAX_DEPTH = 8
+_REPEATS = 5
+_CALLS = 4
+
+
+def best_trees(acceptance: np.ndarray, budget: int) -> list[tuple]:
+  """The tree with the most expected tokens for every budget 1..budget.
+
+  Dynamic program (Sequoia's): with s[d][r] = prod_{r' < r} (1 - a[d][r'])
+  * a[d][r], the probability that a node at depth d's rank-r child is the
+  accepted one given the node was, a node reached with probability 1 and
+  m nodes below it is worth f(d, m) = g(d, 0, m), where g(d, r, m) is the
+  best of stopping (0) or giving rank r a subtree of k nodes:
+  s[d][r] (1 + f(d + 1, k)) + g(d, r + 1, m - 1 - k). Child ranks are
+  0..k-1 (a drafter's r-th choice), so a best tree is not simply the n
+  likeliest nodes when s is not decreasing in r.
+
+  Args:
+    acceptance: `[D, W]` a[d][r] in [0, 1] (NaN treated as 0).
+    budget: nodes at most.
+
+  Returns:
+    Per budget n = 1..budget: `(paths, expected accepted tokens)`; a tree
+    may use fewer than n nodes when more would add nothing.
+  """
+  acc = np.nan_to_num(np.asarray(acceptance, np.float64), nan=0.0)
+  depth, width = acc.shape
+  share = np.zeros_like(acc)
+  for d in range(depth):
+    miss = np.concatenate([[1.0], np.cumprod(1.0 - acc[d])[:-1]])
+    share[d] = miss * acc[d]
+
+  @functools.lru_cache(maxsize=None)
+  def g(d: int, r: int, m: int) -> tuple[float, tuple]:
+    """(value, subtrees) for ranks r.. of a depth-d node, m nodes."""
+    best = (0.0, ())
+    if d >= depth or r >= width or m <= 0 or share[d, r] <= 0.0:
+      return best
+    for k in range(m):
+      below, sub = g(d + 1, 0, k)
+      rest, others = g(d, r + 1, m - 1 - k)
+      value = share[d, r] * (1.0 + below) + rest
+      if value > best[0] + 1e-15:
+        best = (value, ((r, sub),) + others)
+    return best
+
+  def paths(prefix: tuple, subtrees: tuple) -> list[tuple]:
+    out = []
+    for rank, sub in subtrees:
+      out.append(prefix + (rank,))
+      out.extend(paths(prefix + (rank,), sub))
+    return out
+
+  return [
+    (paths((), g(0, 0, n)[1]), g(0, 0, n)[0]) for n in range(1, budget + 1)
+  ]
+
+
+def extend(rank_acceptance: np.ndarray) -> np.ndarray:
+  """`[MAX_DEPTH, W]` from the calibration's `[D, W]` (module docstring)."""
+  acc = np.nan_to_num(np.asarray(rank_acceptance, np.float64), nan=0.0)
+  if acc.shape[0] >= MAX_DEPTH:
+    return acc[:MAX_DEPTH]
+  tail = np.repeat(acc[-1:], MAX_DEPTH - acc.shape[0], axis=0)
+  return np.concatenate([acc, tail], 0)
+
+
+@functools.partial(jax.jit, static_argnames=('settings', 'shape', 'calls'))
+def _repeated_iterations(target, proposer, states, context, row_keys,
+                         settings, shape, calls: int):  # fmt: skip
+  """`calls` tree-loop iterations (draft, target call, verify, commit) on
+  one fixed context, inside one compiled loop; each reads the states the
+  previous one wrote, so XLA cannot hoist the work out."""
+  n = context.length
+  nodes_root = jnp.take_along_axis(context.inputs, n[:, None], axis=1)
+  attention = shape.target_attention()
+
+  def body(_, carry):
+    (tgt, ds), acc = carry
+    proposal, ds = proposer.propose_tree(ds, context, settings, shape)
+    nodes = jnp.concatenate([nodes_root, proposal.tokens], axis=1)
+    tgt = target.rollback(tgt, n)
+    logits, tgt = target.score_tree(tgt, nodes, attention)
+    result = tree_verification.verify_tree(
+      shape,
+      settings.sampler,
+      logits,
+      proposal.tokens,
+      proposal.q,
+      proposal.valid,
+      row_keys,
+      n,
+    )
+    tgt = target.commit_tree(tgt, result.path, result.accepted + 1)
+    return (tgt, ds), acc + result.next_token[0]
+
+  return lax.fori_loop(0, calls, body, (states, jnp.int32(0)))[1]
+
+
+# Shapes timed for the cost fit: chains (cost per depth) and stars (cost
+# per node at depth 1).
+TIMED = tuple((1,) * d for d in (1, 2, 4, 8)) + tuple((w,) for w in (4, 16, 32))
+
+
+def iteration_seconds(
+  target, draft, enc, settings: DecodeSettings, shapes=TIMED
+) -> dict[tuple, float]:
+  """Seconds of one tree-loop iteration for each branching tuple in
+  `shapes`, at this batch size and sampler (median of calls inside a
+  compiled loop, after a warm-up)."""
+  proposer = model_drafter.as_drafter(draft)
+  batch = enc.shape[0]
+  prefix = 16
+  length = prefix + MAX_NODES + MAX_DEPTH + 4
+  inputs = jnp.full((batch, length), 5, jnp.int32).at[:, 0].set(0)
+  tgt = target.init_state(enc, length)
+  tgt = target.score(tgt, inputs[:, :prefix])[1]
+  ds = proposer.init_draft(enc, length)
+  row_keys = jax.random.split(jax.random.key(0), batch)
+  out = {}
+  for branching in shapes:
+    shape = tree_lib.from_branching(branching)
+    s = dataclasses.replace(
+      settings, gamma=shape.depth, max_decode_len=prefix + 4
+    )
+    context = drafter_lib.DraftContext(
+      inputs=inputs,
+      length=jnp.full((batch,), prefix, jnp.int32),
+      encoder_tokens=enc,
+      keys=jax.random.split(jax.random.key(1), batch * shape.depth).reshape(
+        batch, shape.depth
+      ),
+      target_features=_features(proposer, target, batch),
+    )
+    run = functools.partial(
+      _repeated_iterations,
+      target,
+      proposer,
+      (tgt, ds),
+      context,
+      row_keys,
+      s,
+      shape,
+      calls=_CALLS,
+    )
+    out[branching] = timing.median_time(run, _REPEATS) / _CALLS
+  return out
+
+
+def _features(proposer, target, batch):
+  if not getattr(proposer, 'uses_target_features', False):
+    return None
+  size = getattr(target, 'feature_size', None) or target.config.emb_dim
+  return jnp.zeros((batch, size), jnp.float32)
+
+
+def fit_costs(seconds: dict[tuple, float]) -> tuple[float, float, float]:
+  """(a, b, c) of t(N, D) = a + b N + c D by least squares (each >= 0)."""
+  rows, ys = [], []
+  for branching, t in seconds.items():
+    shape = tree_lib.from_branching(branching)
+    rows.append([1.0, shape.num_nodes, shape.depth])
+    ys.append(t)
+  coef = np.linalg.lstsq(np.asarray(rows), np.asarray(ys), rcond=None)[0]
+  return tuple(float(max(c, 0.0)) for c in coef)
+
+
+def choose(
+  rank_acceptance: np.ndarray,
+  cost: tuple[float, float, float],
+  max_nodes: int = MAX_NODES,
+) -> dict:
+  """The best budget and its tree (module docstring, steps 2-4).
+
+  Args:
+    rank_acceptance: `[D, W]` measured a[d][r].
+    cost: (a, b, c): an iteration with N nodes at depth D takes
+      a + b N + c D seconds (`fit_costs`).
+    max_nodes: the largest budget.
+  """
+  acc = extend(rank_acceptance)
+  best = None
+  candidates = [
+    tree
+    for depth_cap in range(1, acc.shape[0] + 1)
+    for tree in best_trees(acc[:depth_cap], max_nodes)
+  ]
+  for paths, accepted in candidates:
+    if not paths:
+      continue
+    n = len(paths)
+    expected = 1.0 + accepted
+    depth = max(len(p) for p in paths)
+    seconds = cost[0] + cost[1] * n + cost[2] * depth
+    rate = expected / seconds
+    if best is None or rate > best['tokens_per_second']:
+      best = {
+        'paths': sorted(paths, key=lambda p: (len(p), p)),
+        'num_nodes': n,
+        'expected_tokens_per_call': expected,
+        'seconds_per_call': seconds,
+        'tokens_per_second': rate,
+      }
+  if best is None:  # Nothing was ever accepted: a chain of one.
+    best = {
+      'paths': [(0,)],
+      'num_nodes': 1,
+      'expected_tokens_per_call': 1.0,
+      'seconds_per_call': math.nan,
+      'tokens_per_second': math.nan,
+    }
+  return best
+
+
+def run(model, draft, enc, keys, settings, batch, decode):
+  """Calibrates, chooses and decodes; `decode` is `tree_generate.decode`."""
+  calibration = tree_lib.from_branching(CALIBRATION)
+  _, _, _, cal = decode(model, draft, enc, keys, settings, calibration, batch)
+  timed = iteration_seconds(model, draft, enc, settings)
+  cost = fit_costs(timed)
+  choice = choose(cal['rank_acceptance'], cost)
+  shape = tree_lib.from_paths(choice['paths'])
+  out, lengths, counters, report = decode(
+    model, draft, enc, keys, settings, shape, batch
+  )
+  choice = dict(choice, paths=[list(p) for p in choice['paths']])
+  report['auto'] = dict(
+    choice,
+    calibration_rank_acceptance=cal['rank_acceptance'],
+    iteration_seconds={str(k): v for k, v in timed.items()},
+    cost_fit=cost,
+    measured_tokens_per_call=report['tokens_per_call'],
+  )
+  return out, lengths, counters, report

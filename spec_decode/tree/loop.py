@@ -1,0 +1,249 @@
+"""The tree loop: a drafted token tree, one target call over all its nodes.
+
+One jitted `lax.while_loop`, like the chain loops (`chain/`), with the
+same token buffer, per-row keys and statistics. Shapes: `B` rows, `N` tree
+nodes, `D` tree depth, `M` max_decode_len, `V` vocabulary.
+
+Per iteration, for a row with n output tokens:
+  1. the drafter proposes the tree's N nodes (`Drafter.propose_tree`);
+  2. the target scores the root (input n, the newest token) and the N
+     nodes in ONE call (`TreeLanguageModel.score_tree`): scratch cache slots
+     n..n+N, each node at position n + depth, attending to the committed
+     inputs and its ancestors;
+  3. `tree.verification` accepts a path of a <= D nodes per row and draws
+     the next token (greedy: the target's argmax; sampling: recursive
+     rejection);
+  4. the target commits the root and the accepted path (their keys and
+     values move to slots n..n+a, `commit_tree`); the rest is scratch that
+     the next iteration overwrites.
+
+Cache length: the models' states hold M + N + 2 inputs (n + N + 1 slots
+are written while n < M).
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from spec_decode.core import buffer
+from spec_decode.core import drafter
+from spec_decode.core import model_drafter
+from spec_decode.core import sampling
+from spec_decode.core import verified_block
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.ids import PAD_ID
+from spec_decode.core.tree_shape import TreeShape
+from spec_decode.tree import verification as tree_verification
+
+
+@flax.struct.dataclass(kw_only=True)
+class TreeCounters:
+  """Per-row statistics of a tree decode (all `[B, ...]`).
+
+  Attributes:
+    iterations: `[B]` iterations (= target calls) while the row was active.
+    accepted_histogram: `[B, D + 1]` iterations that accepted 0..D tokens.
+    position_tries: `[B, D]` iterations that tested a node at depth d + 1.
+    position_accepts: `[B, D]` iterations that accepted one there.
+    beta_sum: `[B]` sum over tested depths of the rank-0 child's beta.
+    proposed: `[B]` nodes proposed (valid) while the row was active.
+    node_tries: `[B, N]` iterations that tested node i + 1.
+    node_accepts: `[B, N]` iterations that accepted node i + 1.
+  """
+
+  iterations: jax.Array
+  accepted_histogram: jax.Array
+  position_tries: jax.Array
+  position_accepts: jax.Array
+  beta_sum: jax.Array
+  proposed: jax.Array
+  node_tries: jax.Array
+  node_accepts: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, shape: TreeShape) -> 'TreeCounters':
+    d, n = shape.depth, shape.num_nodes
+    z = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
+    return cls(
+      iterations=z(),
+      accepted_histogram=z(d + 1),
+      position_tries=z(d),
+      position_accepts=z(d),
+      beta_sum=jnp.zeros((batch,), jnp.float32),
+      proposed=z(),
+      node_tries=z(n),
+      node_accepts=z(n),
+    )
+
+
+@flax.struct.dataclass(kw_only=True)
+class TreeLoopState:
+  """Carry of the tree loop.
+
+  Attributes:
+    inputs: `[B, M + D + 2] int32` decoder inputs (`core.buffer`).
+    length: `[B] int32` output tokens so far (EOS included).
+    done: `[B] bool` EOS emitted or M reached.
+    step: `[] int32` iterations so far.
+    target: the target's decode state.
+    draft: the drafter's state.
+    counters: `TreeCounters`.
+    features: `[B, D_model] float32` the target's hidden state that
+      predicted the newest token (drafters with target features), or None.
+  """
+
+  inputs: jax.Array
+  length: jax.Array
+  done: jax.Array
+  step: jax.Array
+  target: object
+  draft: object
+  counters: TreeCounters
+  features: jax.Array | None = None
+
+
+def _count(c: TreeCounters, shape, result, valid, active, kept):
+  d = shape.depth
+  a = result.accepted
+  depth_of = jnp.asarray(shape.depths[1:])  # [N]
+  # A node counts when it was tested inside what the row kept (nothing
+  # after an EOS or past M), as in the chain loop.
+  in_kept = (depth_of[None] - 1) < kept[:, None]
+  tried = result.tried & in_kept & active[:, None]
+  on_path = result.accepted_nodes(shape.num_nodes) & tried
+  levels = jax.nn.one_hot(depth_of - 1, d, dtype=jnp.int32)  # [N, D]
+  tested = (tried.astype(jnp.int32) @ levels) > 0
+  accepted = (on_path.astype(jnp.int32) @ levels) > 0
+  act = active.astype(jnp.int32)
+  return TreeCounters(
+    iterations=c.iterations + act,
+    accepted_histogram=c.accepted_histogram
+    + jax.nn.one_hot(a, d + 1, dtype=jnp.int32) * act[:, None],
+    position_tries=c.position_tries + tested,
+    position_accepts=c.position_accepts + accepted,
+    beta_sum=c.beta_sum + jnp.sum(jnp.where(tested, result.beta, 0.0), 1),
+    proposed=c.proposed + jnp.sum(valid, 1).astype(jnp.int32) * act,
+    node_tries=c.node_tries + tried,
+    node_accepts=c.node_accepts + on_path,
+  )
+
+
+def tree_decode(
+  target,
+  draft,
+  encoder_tokens: jax.Array,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+  shape: TreeShape,
+):
+  """Speculative decoding with token trees (module docstring).
+
+  Args:
+    target: a `protocol.TreeLanguageModel`.
+    draft: a drafter with `propose_tree`, or a tree language model (drafted
+      by `ModelDrafter`).
+    encoder_tokens: `[B, S] int32`.
+    row_keys: `[B]` PRNG keys.
+    settings: static settings; `gamma` must be the tree's depth D.
+    shape: the static tree.
+
+  Returns:
+    tokens `[B, M]`, lengths `[B]`, `TreeCounters`.
+  """
+  if settings.gamma != shape.depth:
+    raise ValueError('tree_decode needs settings.gamma == the tree depth')
+  d = shape.depth
+  batch = encoder_tokens.shape[0]
+  proposer = model_drafter.as_drafter(draft)
+  with_features = bool(getattr(proposer, 'uses_target_features', False))
+  attention = shape.target_attention()
+  cache_len = settings.max_decode_len + shape.num_nodes + 2
+  rows = jnp.arange(batch)
+
+  def body(state: TreeLoopState) -> TreeLoopState:
+    n = state.length
+    active = ~state.done
+    context = drafter.DraftContext(
+      inputs=state.inputs,
+      length=n,
+      encoder_tokens=encoder_tokens,
+      keys=sampling.position_keys(
+        row_keys, n[:, None] + 1 + jnp.arange(d)[None], verified_block.SAMPLE
+      ),
+      target_features=state.features,
+    )
+    proposal, ds = proposer.propose_tree(state.draft, context, settings, shape)
+    root = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
+    nodes = jnp.concatenate([root, proposal.tokens], axis=1)
+    tgt = target.rollback(state.target, n)
+    if with_features:
+      logits, feats, tgt = target.score_tree_with_features(
+        tgt, nodes, attention
+      )
+    else:
+      logits, tgt = target.score_tree(tgt, nodes, attention)
+    result = tree_verification.verify_tree(
+      shape,
+      settings.sampler,
+      logits,
+      proposal.tokens,
+      proposal.q,
+      proposal.valid,
+      row_keys,
+      n,
+    )
+    a = result.accepted
+    tgt = target.commit_tree(tgt, result.path, a + 1)
+    path_tokens = nodes[rows[:, None], result.path[:, 1:]]  # [B, D]
+    offsets = jnp.arange(d + 1)[None]
+    block = jnp.where(
+      offsets < a[:, None],
+      jnp.concatenate([path_tokens, jnp.zeros_like(root)], axis=1),
+      result.next_token[:, None],
+    )
+    inputs, length, done, kept = buffer.commit_block(
+      state, block, a + 1, settings
+    )
+    features = state.features
+    if with_features:
+      # The hidden state at the last accepted node predicted the token
+      # just emitted.
+      features = feats[rows, result.node]
+    return state.replace(
+      inputs=inputs,
+      length=length,
+      done=done,
+      step=state.step + 1,
+      target=tgt,
+      draft=ds,
+      counters=_count(
+        state.counters, shape, result, proposal.valid, active, kept
+      ),
+      features=features,
+    )
+
+  features = None
+  if with_features:
+    size = getattr(target, 'feature_size', None) or target.config.emb_dim
+    features = jnp.zeros((batch, size), jnp.float32)
+  state = TreeLoopState(
+    inputs=jnp.full((batch, settings.buffer_len), PAD_ID, jnp.int32),
+    length=jnp.zeros((batch,), jnp.int32),
+    done=jnp.zeros((batch,), bool),
+    step=jnp.zeros((), jnp.int32),
+    target=target.init_state(encoder_tokens, cache_len),
+    draft=proposer.init_draft(encoder_tokens, cache_len),
+    counters=TreeCounters.zeros(batch, shape),
+    features=features,
+  )
+  state = lax.while_loop(
+    lambda s: jnp.any(~s.done) & (s.step < settings.max_decode_len),
+    body,
+    state,
+  )
+  tokens = state.inputs[:, 1 : settings.max_decode_len + 1]
+  return tokens, state.length, state.counters
+
+
+tree_decode_jit = jax.jit(tree_decode, static_argnames=('settings', 'shape'))

@@ -1,0 +1,260 @@
+"""Sharded decoding on 8 host CPU devices gives the unsharded tokens.
+
+XLA fixes the CPU device count when JAX starts, and the suite's conftest
+starts JAX with one device. So `test_in_subprocess` reruns this file in a
+fresh interpreter with `--xla_force_host_platform_device_count=8`, where the
+mesh tests (skipped in the parent process) run.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+
+import spec_decode as sd
+from spec_decode.parallel import multihost
+from spec_decode.parallel.partitioning import Partitioner
+
+_DEVICES = 8
+_INNER = 'SPEC_DECODE_SHARDING_SUBPROCESS'
+
+needs_mesh = pytest.mark.skipif(
+  jax.device_count() < _DEVICES,
+  reason='runs in the 8-device subprocess of test_in_subprocess',
+)
+
+
+def _config(**overrides) -> sd.T5Config:
+  # Heads, mlp, vocab and joined_kv all divide by 4: every rule applies.
+  base = dict(
+    vocab_size=32,
+    emb_dim=32,
+    num_heads=4,
+    head_dim=8,
+    mlp_dim=64,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    mlp_activations=('gelu', 'linear'),
+    dropout_rate=0.0,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=20,
+  )
+  base.update(overrides)
+  return sd.T5Config(**base)
+
+
+def _sharpened(model: sd.Model) -> sd.Model:
+  """Peaked outputs with a likely EOS, so rows end at different lengths."""
+  params = jax.tree.map(np.array, model.params)
+  kernel = params['decoder']['logits_dense']['kernel'] * 3.0
+  kernel[:, sd.EOS_ID] *= 2.0
+  params['decoder']['logits_dense']['kernel'] = kernel
+  return model.with_params(params)
+
+
+def _pair():
+  target = _sharpened(sd.Model.init(_config(), seed=0))
+  noise = np.random.default_rng(1)
+  draft = target.with_params(
+    jax.tree.map(
+      lambda x: (
+        np.asarray(x)
+        + 0.2 * np.std(x) * noise.standard_normal(x.shape).astype(np.float32)
+      ),
+      target.params,
+    )
+  )
+  return target, draft
+
+
+def _inputs(batch: int = 8) -> np.ndarray:
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(2, 32, (batch, 7)).astype(np.int32)
+  tokens[np.arange(7)[None] >= rng.integers(2, 8, batch)[:, None]] = 0
+  return tokens
+
+
+@pytest.fixture(scope='module')
+def pair():
+  return _pair()
+
+
+@pytest.fixture(scope='module')
+def references(pair):
+  """Unsharded outputs, greedy and sampled, keyed by temperature."""
+  target, draft = pair
+  # Sharded models are never packed, so their draft proposes in float32: an
+  # explicit float32 packing keeps the unsharded draft's q the same (by
+  # default it would propose with bfloat16-packed weights).
+  draft = draft.pack_for_cpu(jnp.float32)
+  kw = dict(draft=draft, gamma=3, max_decode_len=10, seed=np.arange(8) + 5)
+  return {
+    t: sd.generate(target, _inputs(), temperature=t, **kw) for t in (0.0, 1.0)
+  }
+
+
+def _spec(x: jax.Array) -> tuple:
+  """The mesh axes of each dimension of `x` (trailing None kept)."""
+  spec = tuple(x.sharding.spec)
+  return spec + (None,) * (x.ndim - len(spec))
+
+
+def _shard(p: Partitioner, model: sd.Model) -> sd.Model:
+  return p.shard_params(model)
+
+
+@needs_mesh
+@pytest.mark.parametrize('data,model', [(2, 4), (8, 1)])
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_sharded_speculative_matches_unsharded(
+  pair, references, data, model, temperature
+):
+  target, draft = pair
+  p = Partitioner(data=data, model=model)
+  out = sd.generate(
+    _shard(p, target),
+    _inputs(),
+    draft=_shard(p, draft),
+    gamma=3,
+    temperature=temperature,
+    max_decode_len=10,
+    seed=np.arange(8) + 5,
+  )
+  ref = references[temperature]
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  np.testing.assert_array_equal(
+    out.stats.accepted_histogram, ref.stats.accepted_histogram
+  )
+  assert len(set(ref.lengths.tolist())) > 1  # rows end at different lengths
+  if temperature > 0:
+    assert 0.0 < ref.stats.alpha < 1.0
+
+
+@needs_mesh
+def test_replicated_draft_and_padded_batch(pair, references):
+  """An unsharded draft is replicated; 5 rows are padded to 6 and back."""
+  target, draft = pair
+  p = Partitioner(data=2, model=4)
+  out = sd.generate(
+    _shard(p, target),
+    _inputs()[:5],
+    draft=draft,
+    gamma=3,
+    temperature=1.0,
+    max_decode_len=10,
+    seed=np.arange(5) + 5,
+  )
+  ref = references[1.0]
+  np.testing.assert_array_equal(out.tokens, ref.tokens[:5])
+  np.testing.assert_array_equal(
+    out.stats.row_iterations, ref.stats.row_iterations[:5]
+  )
+
+
+@needs_mesh
+def test_init_in_shards_equals_unsharded_init():
+  p = Partitioner(data=2, model=4)
+  sharded = sd.Model.init(_config(), seed=3, partitioner=p)
+  plain = sd.Model.init(_config(), seed=3)
+  assert sharded.partitioner == p
+  for a, b in zip(
+    jax.tree.leaves(plain.params), jax.tree.leaves(sharded.params), strict=True
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  attn = sharded.params['decoder']['layers_0']['self_attention']
+  assert _spec(attn['query']['kernel']) == (None, 'model')
+  assert _spec(attn['out']['kernel']) == ('model', None)
+  assert _spec(sharded.params['token_embedder']['embedding']) == ('model', None)
+  assert len(attn['query']['kernel'].sharding.device_set) == 8
+
+
+@needs_mesh
+def test_decode_state_is_sharded_on_batch_and_heads():
+  p = Partitioner(data=2, model=4)
+  target = sd.Model.init(_config(), seed=0, partitioner=p)
+  enc = p.shard_batch(_inputs())
+  state = jax.jit(lambda m, e: m.init_state(e, 12))(target, enc)
+  assert _spec(state.cache.keys[0]) == ('data', 'model', None, None)
+  assert _spec(state.cross.values[1]) == ('data', 'model', None, None)
+  assert _spec(state.cross.encoder_valid) == ('data', None)
+  assert _spec(state.cache.index) == ('data',)
+
+
+@needs_mesh
+def test_load_restores_into_shards(tmp_path, pair):
+  target, _ = pair
+  target.save(str(tmp_path / 'ours'))
+  p = Partitioner(data=2, model=4)
+  loaded = sd.Model.load(str(tmp_path / 'ours'), partitioner=p)
+  assert loaded.partitioner == p
+  mlp = loaded.params['encoder']['layers_0']['mlp']['wi_0']['kernel']
+  assert _spec(mlp) == (None, 'model')
+  for a, b in zip(
+    jax.tree.leaves(target.params), jax.tree.leaves(loaded.params), strict=True
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@needs_mesh
+def test_global_batch_input(pair, references):
+  """The multi-host input path (one process here): a global jax.Array."""
+  target, draft = pair
+  p = Partitioner(data=8, model=1)
+  rows = _inputs()[multihost.local_batch_slice(8)]
+  enc = multihost.global_batch(p, rows, 8)
+  assert _spec(enc) == ('data', None)
+  out = sd.generate(
+    _shard(p, target),
+    enc,
+    draft=_shard(p, draft),
+    gamma=3,
+    temperature=0.0,
+    max_decode_len=10,
+    seed=np.arange(8) + 5,
+  )
+  np.testing.assert_array_equal(out.tokens, references[0.0].tokens)
+
+
+def test_in_subprocess():
+  if jax.device_count() >= _DEVICES or os.environ.get(_INNER):
+    pytest.skip('already running with the device mesh')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', **{_INNER: '1'})
+  env['XLA_FLAGS'] = (
+    env.get('XLA_FLAGS', '')
+    + f' --xla_force_host_platform_device_count={_DEVICES}'
+  )
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'pytest',
+      '-q',
+      '-p',
+      'no:cacheprovider',
+      '-x',
+      __file__,
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+    cwd=REPO,
+  )
+  report = result.stdout[-3000:] + result.stderr[-3000:]
+  assert result.returncode == 0, report
+  assert ' passed' in result.stdout and 'failed' not in result.stdout, report
+  # Everything but this test ran inside.
+  assert '1 skipped' in result.stdout, report
+
+
+@needs_mesh
+def test_indivisible_dimension_is_replicated():
+  p = Partitioner(data=2, model=4)
+  assert tuple(p.mesh_axes(('batch', 'heads'), (4, 6))) == ('data', None)
+  assert tuple(p.mesh_axes(('batch', 'heads'), (4, 8))) == ('data', 'model')
