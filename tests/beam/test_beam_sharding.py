@@ -3,7 +3,8 @@
 Plain and speculative beam search with partitioned models (the rows on the
 `data` axis, heads, mlp and vocabulary on `model`) must return exactly what
 the unsharded models return: every beam's tokens, length and score, and the
-steps and target calls of every row. As `tests/parallel/test_sharding.py`: XLA fixes the
+steps and target calls of every row. As `tests/parallel/test_sharding.py`: XLA
+fixes the
 CPU device count at start-up, so `test_in_subprocess` reruns this file in a
 fresh interpreter with `--xla_force_host_platform_device_count=8`, where
 the mesh test runs.

@@ -1,6 +1,7 @@
 """Sharded tree decoding on 8 host CPU devices gives the unsharded tokens.
 
-As `tests/parallel/test_sharding.py`: XLA fixes the CPU device count at start-up, so
+As `tests/parallel/test_sharding.py`: XLA fixes the CPU device count at
+start-up, so
 `test_in_subprocess` reruns this file in a fresh interpreter with
 `--xla_force_host_platform_device_count=8`, where the mesh test runs.
 """
