@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell (cat setup.py; echo '$(EXTRAS)') | cksum | c
 
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: install test test-slow demo demo-random bench lint format clean
+.PHONY: install test test-slow test-accel demo demo-random bench accel-tiny accel-wheels accel-gpu lint format clean
 
 install: $(STAMP)
 
@@ -57,6 +57,48 @@ bench: install
 	$(PY) -m spec_decode.main bench trees --out bench_trees.json
 	$(PY) -m spec_decode.main bench memory --out bench_memory.json
 	$(PY) -m spec_decode.main bench beam --out bench_beam.json
+
+# The decoding checks that matter on a new backend (greedy identity of chains,
+# trees and beams, a whole-sequence distribution test, a one-device mesh).
+test-accel: install
+	$(PY) -m pytest -q -m accel tests
+
+# The accelerator bench's CPU rehearsal (toy sizes; `make test` runs it too).
+accel-tiny: install
+	$(PY) -m spec_decode.main bench accel --tiny --out_dir accel_tiny
+
+# The GPU job, prepared here and run there in one command (docs/benchmarks.md,
+# "On an accelerator"): `make accel-wheels` here fetches what the GPU image
+# lacks (gin-config) into .whl/; there, with .whl carried,
+#   make accel-gpu PY=python3 OUT=$$OUT
+# installs them, runs `spec-decode bench accel` within ACCEL_BUDGET seconds
+# (results in $(OUT)/accel/, rewritten after every measurement) and then the
+# `accel` test subset, about 8 minutes in all. Rehearsed on the CPU with
+#   make accel-gpu PY=.venv/bin/python OUT=/tmp/accel ACCEL_PLATFORM=cpu \
+#     ACCEL_FLAGS=--tiny
+ACCEL_BUDGET ?= 330
+ACCEL_FLAGS ?=
+ACCEL_PLATFORM ?= cuda
+ACCEL_WHEELS := gin-config==0.5.0
+accel-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
+	  --python-version 3.12 --implementation py --abi none --platform any \
+	  -d .whl $(ACCEL_WHEELS)
+	grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+
+accel-gpu:
+	@test -n "$(OUT)" || { echo 'make accel-gpu: set OUT=<directory>'; exit 2; }
+	if [ -d .whl ]; then $(PY) -m pip install -q --no-index --no-deps \
+	  --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+	mkdir -p $(OUT)/accel
+	PYTHONPATH=/tmp/site:$$PYTHONPATH PYTHONUNBUFFERED=1 \
+	  JAX_PLATFORMS=$(ACCEL_PLATFORM) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 \
+	  timeout $$(( $(ACCEL_BUDGET) + 60 )) $(PY) -m spec_decode.main bench accel \
+	  --out_dir $(OUT)/accel --budget $(ACCEL_BUDGET) $(ACCEL_FLAGS) 2>&1 \
+	  | tee $(OUT)/accel.log; \
+	PYTHONPATH=/tmp/site:$$PYTHONPATH JAX_PLATFORMS=$(ACCEL_PLATFORM) \
+	  timeout 120 $(PY) -m pytest -q -p no:cacheprovider -m accel tests 2>&1 \
+	  | tee $(OUT)/accel_tests.log
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests

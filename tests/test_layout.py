@@ -226,11 +226,14 @@ def test_no_import_runs_up_a_layer():
 
 
 def room(module: str) -> str:
-  """The folder a module lives in (`spec_decode.chain`), or the package."""
+  """The top-level folder a module lives in (`spec_decode.chain`), or the
+  package itself for its top-level modules."""
   parts = module.split('.')
-  if module in MODULES and MODULES[module].endswith('__init__.py'):
-    return module
-  return '.'.join(parts[:-1]) if len(parts) > 1 else module
+  if len(parts) > 2 or (
+    len(parts) == 2 and MODULES.get(module, '').endswith('__init__.py')
+  ):
+    return '.'.join(parts[:2])
+  return PACKAGE
 
 
 def test_engine_is_the_engine_only():

@@ -3,16 +3,19 @@
 A grid of batch sizes x controlled acceptance rates (`ControlledDraft`,
 greedy, the bench target with EOS suppressed so every row decodes M tokens):
 tokens/s of plain decoding, of each fixed gamma in `GAMMAS` and of
-`gamma='auto'` (the in-loop finish-time policy, `policy.finish_time`), timed
-side
-by side in rounds (one repeat of each per round, medians), so that a busy
-machine slows them alike. The policy's costs are measured in this run (a
-fresh cost cache) before its decodes are timed; the measurement is reported,
-not timed. Every speculative output is checked equal to the plain one.
+`gamma='auto'` (the in-loop finish-time policy, `policy.finish_time`),
+timed side by side in rounds (one repeat of each per round, medians), so that a
+busy machine slows them alike. The policy's costs are measured in this run (a
+fresh cost cache) before its decodes are timed; the measurement is reported, not
+timed. Every speculative output is checked equal to the plain one (in float32;
+`check_identity=False` records the share of identical rows instead, for bfloat16
+runs, where a wider target call can round differently).
 
 JSON (`batch_policy`): a list of rows `{batch, alpha, plain_tok_s,
 auto_tok_s, best_fixed_tok_s, best_fixed_gamma, fixed_tok_s, auto_vs_plain,
-auto_vs_best_fixed, auto_gamma_iterations, cost_measure_seconds}`.
+auto_vs_best_fixed, auto_gamma_iterations, cost_measure_seconds,
+same_as_plain}` (`same_as_plain`: per run, the share of rows equal to
+plain decoding's).
 """
 
 import os
@@ -42,9 +45,9 @@ def _draft(draft_net, reference, alpha: float):
   )
 
 
-def _inputs(batch: int) -> np.ndarray:
+def _inputs(batch: int, vocab_size: int) -> np.ndarray:
   rng = np.random.default_rng(batch)
-  return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
+  return rng.integers(3, min(1000, vocab_size), (batch, 24)).astype(np.int32)
 
 
 def _timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, float]:
@@ -72,6 +75,7 @@ def run(
   batches: Sequence[int],
   alphas: Sequence[float],
   gammas: Sequence[int] = GAMMAS,
+  check_identity: bool = True,
 ) -> list[dict[str, Any]]:
   """The grid's rows (see the module docstring)."""
   m = max_decode_len
@@ -81,7 +85,7 @@ def run(
     os.environ['SPEC_DECODE_CACHE_DIR'] = cache
     try:
       for b in batches:
-        enc = _inputs(b)
+        enc = _inputs(b, target.vocab_size)
         plain = sd.generate(target, enc, max_decode_len=m)
         reference = sd.generate(
           target, enc, max_decode_len=m + MAX_AUTO_GAMMA + 2
@@ -98,6 +102,7 @@ def run(
               m,
               repeats,
               gammas,
+              check_identity,
             )
           )
           print(
@@ -114,7 +119,9 @@ def run(
   return rows
 
 
-def _cell(target, draft_net, enc, plain, reference, alpha, m, repeats, gammas):
+def _cell(
+  target, draft_net, enc, plain, reference, alpha, m, repeats, gammas, check
+):
   b = enc.shape[0]
   draft = _draft(draft_net, reference, alpha)
 
@@ -141,9 +148,12 @@ def _cell(target, draft_net, enc, plain, reference, alpha, m, repeats, gammas):
     max_auto_gamma=MAX_AUTO_GAMMA,
   )
   measure_seconds = time.perf_counter() - t0
-  assert (auto.tokens == plain.tokens).all(), 'greedy identity broken (auto)'
+  same = {'auto': _same_rows(auto.tokens, plain.tokens)}
   for g in gammas:
-    assert (spec(g)() == plain.tokens).all(), f'greedy identity broken ({g})'
+    same[str(g)] = _same_rows(spec(g)(), plain.tokens)
+  if check:
+    broken = [name for name, share in same.items() if share < 1.0]
+    assert not broken, f'greedy identity broken ({broken})'
   runs = {
     'plain': lambda: sd.generate(target, enc, max_decode_len=m).tokens,
     'auto': spec('auto'),
@@ -172,4 +182,10 @@ def _cell(target, draft_net, enc, plain, reference, alpha, m, repeats, gammas):
     },
     alpha_measured=auto.stats.alpha,
     cost_measure_seconds=measure_seconds,
+    same_as_plain=same,
   )
+
+
+def _same_rows(tokens, plain) -> float:
+  """The share of rows of `tokens` equal to `plain`'s."""
+  return float(np.mean(np.all(np.asarray(tokens) == plain, axis=1)))

@@ -56,6 +56,11 @@ BENCHMARKS = {
     'spec_decode.bench.drafts.trees',
     'token trees vs chains: tokens per target call and wall time',
   ),
+  'accel': (
+    'spec_decode.bench.accel.run',
+    'the accelerator bench: T5 small to XXL with the small draft, bf16, '
+    'in a time budget (--tiny: the CPU rehearsal)',
+  ),
   'beam': (
     'spec_decode.bench.beam.search',
     'plain vs speculative beam search: wall time and steps per target call',

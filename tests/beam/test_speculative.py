@@ -231,6 +231,7 @@ def enc(t5):
   return encoder_batch(8, 7, t5.vocab_size, seed=2)
 
 
+@pytest.mark.accel
 def test_t5_near_draft(t5, enc):
   plain = sd.beam_search(t5, enc, 4, 0.6, max_decode_len=10)
   assert len(set(plain.steps.tolist())) > 1, plain.steps

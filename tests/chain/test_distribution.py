@@ -35,6 +35,7 @@ SETTINGS = {
 }
 
 
+@pytest.mark.accel
 @pytest.mark.parametrize('name', sorted(SETTINGS))
 def test_speculative_samples_the_target_distribution(models, name):
   target, draft = models

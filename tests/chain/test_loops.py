@@ -39,6 +39,7 @@ def test_plain_greedy_matches_teacher_forced_argmax(
       assert tokens[b, n - 1] == sd.EOS_ID
 
 
+@pytest.mark.accel
 @pytest.mark.parametrize('gamma', [1, 3, 7])
 def test_greedy_speculative_equals_greedy_plain(
   target, near_draft, far_draft, inputs, plain_greedy, gamma

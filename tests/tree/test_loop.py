@@ -40,6 +40,7 @@ def greedy_runs(target, near_draft, enc):
   return get
 
 
+@pytest.mark.accel
 @pytest.mark.parametrize('name', sorted(TREES))
 def test_greedy_tree_equals_greedy_plain(greedy_runs, plain, name):
   out = greedy_runs(name)
