@@ -30,9 +30,9 @@ def commit_block(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Appends up to `num_new [B]` tokens of `block [B, W]` per active row.
 
-  `state` is any loop state with `inputs [B, M+1]`, `length [B]` and
-  `done [B]` (the chain and the tree loops share this). Tokens after an EOS
-  and past M are dropped. Returns the new inputs, lengths, done flags and
+  `state` is any loop state with `inputs [B, M + W + 2]` (`W` >= the
+  block's width), `length [B]` and `done [B]` (the chain and the tree loops
+  share this). Tokens after an EOS and past M are dropped. Returns the new inputs, lengths, done flags and
   the number of tokens actually kept `[B]`.
   """
   width = block.shape[1]

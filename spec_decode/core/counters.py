@@ -70,7 +70,8 @@ class SpecStats:
       it accepted), over iterations where it was tested.
     alpha: mean beta = sum_x min(p, q) over drafted positions whose prefix
       was accepted (the paper's alpha estimate, section 3.1).
-    tokens_per_call: output tokens per target call, mean over rows.
+    tokens_per_call: output tokens per target call, pooled over rows (all
+      rows' tokens over all rows' iterations).
     mean_proposed: draft tokens proposed per iteration, mean over rows and
       iterations (gamma unless the drafter proposes fewer).
   Per row (`[B, ...]`): `row_iterations`, `row_accepted_histogram`,
