@@ -5,12 +5,15 @@ GPU session runs cannot rot: every section must report results, nothing may
 be skipped or fail.
 """
 
+import dataclasses
 import json
 import os
 import time
 
 import pytest
 
+import spec_decode as sd
+from spec_decode.bench.accel import identity
 from spec_decode.bench.accel import plan as plan_lib
 from spec_decode.bench.accel import record
 from spec_decode.bench.accel import run
@@ -96,3 +99,15 @@ def test_full_plan_orders_xxl_first_and_shares_the_budget():
   assert not plan.targets['xxl'].cpu_kernel
   assert abs(sum(plan.boxes.values()) - 1.0) < 1e-9
   assert run.SECTIONS[:2] == ('identity_bfloat16', 'xxl')
+
+
+def test_restore_measures_float32_attention_logits(tmp_path):
+  plan = dataclasses.replace(plan_lib.tiny(), identity_rows=4)
+  target = sd.Model.init(plan.targets['small'], seed=0)
+  draft = sd.Model.init(plan.draft, seed=1)
+  rec = record.Recorder(str(tmp_path), {}, render=None)
+  identity.restore(rec, target, draft, plan, plan_lib.Deadline(600))
+  got = rec.data['sections']['identity_bfloat16_f32_attention']
+  assert got['float32_attention_logits'] and got['rows'] == 4
+  assert set(got['step_ms']) == {'default', 'float32_attention_logits'}
+  assert set(got['step_ms']['default']) == {'1', '3'}

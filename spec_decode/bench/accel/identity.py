@@ -19,12 +19,38 @@ from spec_decode.bench.accel import sizes
 from spec_decode.bench.accel.plan import Deadline
 from spec_decode.bench.accel.plan import Plan
 from spec_decode.bench.accel.record import Recorder
+from spec_decode.policy import timing
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """Per row, the first position where `a` and `b` differ (-1: none)."""
   diff = a != b
   return np.where(diff.any(1), diff.argmax(1), -1)
+
+
+def restore(rec: Recorder, target, draft, plan: Plan, box: Deadline) -> None:
+  """Where bfloat16 rows part: the identity check again with float32
+  attention logits (`T5Config.float32_attention_logits`), and what it costs
+  (target step times at 1 and gamma + 1 tokens, both settings), under
+  `sections['identity_bfloat16_f32_attention']`."""
+  variant = sd.Model(
+    target.config.replace(float32_attention_logits=True), target.params
+  )
+  section = 'identity_bfloat16_f32_attention'
+  got = measure(rec, section, variant, draft, plan, box)
+  ks = (1, plan.identity_gamma + 1)
+  if box.left() > 0:
+    got['step_ms'] = {
+      'default': _ms(timing.step_times(target, ks, plan.repeats)),
+      'float32_attention_logits': _ms(
+        timing.step_times(variant, ks, plan.repeats)
+      ),
+    }
+    rec.put(section, None, got)
+
+
+def _ms(times: dict[int, float]) -> dict[str, float]:
+  return {str(k): t * 1e3 for k, t in times.items()}
 
 
 def measure(

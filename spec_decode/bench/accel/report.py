@@ -37,6 +37,16 @@ def _sizes(sizes: dict[str, Any]) -> list[str]:
   lines += _table(
     ['target', 'step ms', 'c', 'v(2)', 'v(4)', 'v(8)', 'v(16)'], rows
   )
+  for name, s in sizes.items():
+    t2 = s.get('paper_table2')
+    if t2:
+      lines += [
+        f"{name}: the paper's Table 2 setting (alpha {t2['alpha']}, gamma "
+        f"{t2['gamma']}) predicted from this device's c and v(8): "
+        f'{t2["predicted"]:.2f}x (TPU-v4, c {t2["paper_c"]}: expected '
+        f'{t2["paper_expected"]}x, measured {t2["paper_measured"]}x).',
+        '',
+      ]
   rows = []
   for name, s in sizes.items():
     for alpha, r in s.get('speedup', {}).items():
@@ -101,9 +111,13 @@ def markdown(doc: dict[str, Any]) -> str:
     '',
   ]
   s = doc['sections']
-  for key in ('identity_bfloat16', 'identity_float32'):
+  for key in (
+    'identity_bfloat16',
+    'identity_bfloat16_f32_attention',
+    'identity_float32',
+  ):
     if key in s:
-      lines += _identity(key.split('_')[1], s[key])
+      lines += _identity(key.split('_', 1)[1], s[key])
   if 'sizes' in s:
     lines += _sizes(s['sizes'])
   if s.get('batching'):
