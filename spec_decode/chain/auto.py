@@ -51,8 +51,9 @@ def auto_decode(
     policy: the policy's run-time inputs.
 
   Returns:
-    tokens `[B, M]`, lengths `[B]`, and `SpecCounters` (with
-    `gamma_histogram`).
+    tokens `[B, M]`, lengths `[B]`, `SpecCounters` (with
+    `gamma_histogram`) and the `core.provenance.Record` (None with
+    `settings.provenance` off).
   """
   if policy is None:
     raise ValueError('a gamma policy needs its PolicyInputs')
@@ -132,6 +133,7 @@ def auto_decode(
     draft=start.draft,
     counters=start.counters,
     features=start.features,
+    provenance=start.provenance,
     draft_synced=(None if lm_draft is None else jnp.zeros((batch,), jnp.int32)),
     policy_idle=jnp.zeros((), jnp.int32),
     policy_gamma=jnp.zeros((), jnp.int32),
@@ -139,7 +141,7 @@ def auto_decode(
   state = state.replace(policy_gamma=choice(state))
   state = lax.while_loop(not_finished, policy_pass, state)
   tokens, lengths = state_lib.outputs(state, settings)
-  return tokens, lengths, state.counters
+  return tokens, lengths, state.counters, state.provenance
 
 
 def _catch_up(model, state: state_lib.AutoState, gmax: int):

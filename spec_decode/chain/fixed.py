@@ -33,7 +33,8 @@ def fixed_decode(
     settings: static settings.
 
   Returns:
-    tokens `[B, M]`, lengths `[B]`, and `SpecCounters`.
+    tokens `[B, M]`, lengths `[B]`, `SpecCounters`, and the
+    `core.provenance.Record` (None with `settings.provenance` off).
   """
   it = steps.Iteration.create(target, draft, encoder_tokens, row_keys, settings)
   state = lax.while_loop(
@@ -42,4 +43,4 @@ def fixed_decode(
     it.init(),
   )
   tokens, lengths = state_lib.outputs(state, settings)
-  return tokens, lengths, state.counters
+  return tokens, lengths, state.counters, state.provenance

@@ -12,6 +12,7 @@ from spec_decode.chain import loops
 from spec_decode.core import inputs
 from spec_decode.core import model_drafter
 from spec_decode.core import placement
+from spec_decode.core import provenance as provenance_lib
 from spec_decode.core import rejection
 from spec_decode.core import sampling
 from spec_decode.core.counters import SpecCounters
@@ -48,6 +49,11 @@ class GenerateOutput:
   # per-depth/rank acceptance, tokens per call; with tree='auto' also
   # the choice), `tree_generation.report`; else None.
   tree: dict | None = None
+  # Where each output token came from (the paper's Figure 1):
+  # `core.provenance.Provenance` with codes `[B, max_decode_len]` (accepted
+  # draft token, the target's replacement and the rejected draft token,
+  # bonus token, plain step; iteration starts). None for plain decoding.
+  provenance: provenance_lib.Provenance | None = None
 
 
 # `dynamic_gamma=True` uses this draft-confidence threshold.
@@ -238,22 +244,34 @@ def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:
     gamma_histogram=counters.gamma_histogram.at[:, 0].set(steps),
   )
   return GenerateOutput(
-    out, lengths, SpecStats.from_counters(counters, lengths)
+    out,
+    lengths,
+    SpecStats.from_counters(counters, lengths),
+    provenance=provenance_lib.Provenance.plain(
+      lengths, settings.max_decode_len
+    ),
   )
 
 
 def _speculative(
   model, draft, enc, keys, settings, batch, policy=None
 ) -> GenerateOutput:
-  out, lengths, counters = placement.to_host(
+  out, lengths, counters, record = placement.to_host(
     loops.speculative_decode_jit(
       model, draft, enc, keys, settings=settings, policy=policy
     )
   )
   counters = jax.tree.map(lambda x: x[:batch], counters)
   lengths = lengths[:batch]
+  prov = None
+  if record is not None:
+    prov = provenance_lib.Provenance.of(record, settings.max_decode_len)
+    prov = prov.rows(slice(0, batch))
   return GenerateOutput(
-    out[:batch], lengths, SpecStats.from_counters(counters, lengths)
+    out[:batch],
+    lengths,
+    SpecStats.from_counters(counters, lengths),
+    provenance=prov,
   )
 
 

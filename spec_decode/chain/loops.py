@@ -30,7 +30,8 @@ def speculative_decode(
   """The fixed-gamma loop, or the gamma='auto' loop (`gamma_policy` set).
 
   Returns:
-    tokens `[B, M]`, lengths `[B]`, and `core.counters.SpecCounters`.
+    tokens `[B, M]`, lengths `[B]`, `core.counters.SpecCounters` and the
+    `core.provenance.Record` (None with `settings.provenance` off).
   """
   if settings.gamma_policy:
     return auto.auto_decode(

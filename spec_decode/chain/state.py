@@ -12,6 +12,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_decode.core import provenance as provenance_lib
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import LanguageModel
@@ -46,11 +47,15 @@ class SpecState(PlainState):
     counters: the speculative statistics, `G` positions wide.
     features: `[B, D] float32` target hidden state that predicted the
       newest token, for drafters that read target features (else None).
+    provenance: where each output token came from
+      (`core.provenance.Record`, the inputs' layout); None when
+      `settings.provenance` is off.
   """
 
   draft: object = None
   counters: SpecCounters
   features: jax.Array | None = None
+  provenance: provenance_lib.Record | None = None
 
 
 @flax.struct.dataclass(kw_only=True)

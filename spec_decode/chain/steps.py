@@ -24,6 +24,7 @@ from spec_decode.chain import state as state_lib
 from spec_decode.core import buffer
 from spec_decode.core import drafter
 from spec_decode.core import model_drafter
+from spec_decode.core import provenance
 from spec_decode.core import sampling
 from spec_decode.core import verified_block
 from spec_decode.core.counters import SpecCounters
@@ -88,6 +89,11 @@ class Iteration:
       draft=self.proposer.init_draft(enc, settings.buffer_len),
       counters=SpecCounters.zeros(batch, settings.gamma, with_gammas),
       features=features,
+      provenance=(
+        provenance.Record.zeros(batch, settings.buffer_len)
+        if settings.provenance
+        else None
+      ),
     )
 
   def _score(self, tgt, tokens):
@@ -139,6 +145,10 @@ class Iteration:
     num = proposal.num
     if num is None:
       num = jnp.full((batch,), g, jnp.int32)
+    record = state.provenance
+    if record is not None:
+      codes, rejected = provenance.chain_block(a, num, draft_tokens)
+      record = record.write(state.length, kept, codes, rejected)
 
     c = state.counters
     # Position i (0-based) was tested when it was proposed, its prefix was
@@ -174,6 +184,7 @@ class Iteration:
       draft=ds,
       counters=counters,
       features=features,
+      provenance=record,
     )
 
   def plain(self, state: state_lib.SpecState) -> state_lib.SpecState:
@@ -182,7 +193,15 @@ class Iteration:
       self.target, state, self.row_keys, self.settings, self.with_features
     )
     c = state.counters
+    record = state.provenance
+    if record is not None:
+      record = record.write(
+        state.length,
+        new.length - state.length,
+        provenance.target_block(state.length.shape[0]),
+      )
     return new.replace(
       counters=c.replace(iterations=c.iterations + (~state.done)),
       features=features,
+      provenance=record,
     )

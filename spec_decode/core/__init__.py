@@ -12,6 +12,7 @@ through `protocol.LanguageModel` and to drafters only through
   verified_block.py  one proposed block verified, with the per-row draw keys
   buffer.py          the decoder-input buffer; appending a verified block
   counters.py        what a speculative decode counts (loop and host)
+  provenance.py      where each output token came from (Figure 1)
   decode_settings.py the static settings of a decode
   inputs.py          checks of the caller's inputs; per-row keys from a seed
   tree_shape.py      token-tree shapes and their static tables

@@ -32,8 +32,8 @@ def commit_block(
 
   `state` is any loop state with `inputs [B, M + W + 2]` (`W` >= the
   block's width), `length [B]` and `done [B]` (the chain and the tree loops
-  share this). Tokens after an EOS and past M are dropped. Returns the new inputs, lengths, done flags and
-  the number of tokens actually kept `[B]`.
+  share this). Tokens after an EOS and past M are dropped. Returns the new
+  inputs, lengths, done flags and the number of tokens actually kept `[B]`.
   """
   width = block.shape[1]
   offsets = jnp.arange(width)[None, :]

@@ -19,9 +19,11 @@ class DecodeSettings:
     verifier: Algorithm 1 or a variant with the same signature.
     eos_id: end-of-sequence id.
     dynamic_gamma: 0 (off) or tau in (0, 1): a model draft stops proposing
-      where its confidence drops below tau (`drafters.model_drafter`).
+      where its confidence drops below tau (`core.model_drafter`).
     gamma_policy: gamma='auto': every iteration picks its gamma in
       {0, ..., G} at run time (`policy.finish_time`).
+    provenance: speculative loops record where each output token came
+      from (`core.provenance`); False only to measure what it costs.
   """
 
   max_decode_len: int
@@ -31,6 +33,7 @@ class DecodeSettings:
   eos_id: int = EOS_ID
   dynamic_gamma: float = 0.0
   gamma_policy: bool = False
+  provenance: bool = True
 
   @property
   def buffer_len(self) -> int:

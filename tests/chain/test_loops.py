@@ -248,3 +248,66 @@ def test_vocabulary_mismatch_is_an_error(target):
     sd.generate(target, jnp.ones((1, 3), jnp.int32), draft=other)
   with pytest.raises(ValueError, match='vocabularies differ'):
     sd.generate(target, np.ones((1, 3), np.int32), draft=sd.TableLM.random(17))
+
+
+@pytest.mark.parametrize('gamma', [2, 'auto'])
+def test_provenance_says_where_each_token_came_from(
+  target, near_draft, inputs, gamma
+):
+  """Greedy: accepted tokens are the draft's argmax after the output so
+  far, a replaced token is the target's and its rejected token the
+  draft's; the iterations and accepted tokens match the counters."""
+  from spec_decode.core import provenance as prov  # pylint: disable=g-import-not-at-top
+
+  out = sd.generate(
+    target, inputs, draft=near_draft, gamma=gamma, max_decode_len=MAX_LEN
+  )
+  p = out.provenance
+  assert p.codes.shape == out.tokens.shape
+  prev = np.concatenate([np.zeros((8, 1), np.int32), out.tokens[:, :-1]], 1)
+  draft_argmax = np.asarray(near_draft.logits(inputs, prev)).argmax(-1)
+  kinds_seen = set()
+  for r in range(8):
+    n = out.lengths[r]
+    kinds = np.asarray(p.kinds(r))
+    assert len(kinds) == n and (p.codes[r, n:] == 0).all()
+    kinds_seen |= set(kinds.tolist())
+    acc = kinds == prov.ACCEPTED
+    np.testing.assert_array_equal(
+      out.tokens[r, :n][acc], draft_argmax[r, :n][acc]
+    )
+    rep = kinds == prov.REPLACED
+    np.testing.assert_array_equal(
+      p.rejected[r, :n][rep], draft_argmax[r, :n][rep]
+    )
+    assert (p.rejected[r, :n][rep] != out.tokens[r, :n][rep]).all()
+    assert (p.rejected[r, :n][~rep] == -1).all()
+    assert len(p.iterations(r)) == out.stats.row_iterations[r]
+    assert acc.sum() == out.stats.row_position_accepts[r].sum()
+  if gamma == 'auto' and not out.stats.row_gamma_histogram[:, 1:].any():
+    assert kinds_seen == {prov.TARGET}  # The policy ran gamma 0 only.
+  else:
+    assert {prov.ACCEPTED, prov.REPLACED, prov.BONUS} <= kinds_seen
+  assert p.codes.dtype == np.int8
+
+
+def test_provenance_off_changes_nothing_else(target, near_draft, inputs):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from spec_decode.core import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
+
+  settings = sd.DecodeSettings(max_decode_len=MAX_LEN, gamma=3)
+  keys = inputs_lib.row_keys(0, 8)
+  on = loops.speculative_decode_jit(
+    target, near_draft, jnp.asarray(inputs), keys, settings=settings
+  )
+  off = loops.speculative_decode_jit(
+    target,
+    near_draft,
+    jnp.asarray(inputs),
+    keys,
+    settings=dataclasses.replace(settings, provenance=False),
+  )
+  assert off[3] is None and on[3] is not None
+  np.testing.assert_array_equal(on[0], off[0])
+  np.testing.assert_array_equal(on[2].iterations, off[2].iterations)

@@ -12,7 +12,7 @@ from spec_decode.chain import state as chain_state
 from spec_decode.core.counters import SpecCounters
 
 PLAIN = ['inputs', 'length', 'done', 'step', 'target']
-SPEC = PLAIN + ['draft', 'counters', 'features']
+SPEC = PLAIN + ['draft', 'counters', 'features', 'provenance']
 AUTO = SPEC + ['draft_synced', 'policy_idle', 'policy_gamma']
 
 

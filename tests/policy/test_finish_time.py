@@ -405,7 +405,7 @@ def test_policy_stuck_at_zero_probes_inside_the_loop(pair):
   assert int(finish_time.probe_period(policy.seconds)) == 4
 
   def histogram(policy):
-    _, _, c = loops.speculative_decode_jit(
+    _, _, c, _ = loops.speculative_decode_jit(
       target, draft, np.asarray(enc), keys, settings=settings, policy=policy
     )
     return np.asarray(c.gamma_histogram).max(0)
@@ -446,7 +446,7 @@ def test_every_gamma_schedule_decodes_greedy_exactly(pair):
   enc = encoder_batch(3, 7, 32, seed=3)
   plain = sd.generate(target, enc, max_decode_len=16).tokens
   for schedule in ([0, 0, 2, 1, 0, 2], [2, 0, 0, 0, 1, 1]):
-    tokens, _, counters = _scheduled(target, draft, enc, schedule)
+    tokens, _, counters, _ = _scheduled(target, draft, enc, schedule)
     np.testing.assert_array_equal(np.asarray(tokens), plain)
     used = np.asarray(counters.gamma_histogram).sum(0)
     assert (used > 0).sum() >= 3
@@ -459,7 +459,7 @@ def test_draft_is_caught_up_after_plain_steps(pair, monkeypatch):
   enc = encoder_batch(3, 7, 32, seed=4)
 
   def acceptance(schedule):
-    _, _, c = _scheduled(target, target, enc, schedule)
+    _, _, c, _ = _scheduled(target, target, enc, schedule)
     return np.asarray(c.position_accepts).sum() / max(
       np.asarray(c.position_tries).sum(), 1
     )
@@ -587,3 +587,27 @@ def test_negative_control_auto_dropping_the_residual_is_detected(
     target, draft, ENC, verifier=ResidualDroppingVerifier(), **AUTO, **kw
   )
   assert g_test(samples, seqs, p) < FALSE_ALARM
+
+
+def test_a_schedule_records_each_iterations_provenance(pair):
+  """Forced gammas 0, 1, 2: a gamma-0 iteration is one TARGET token, a
+  drafting one starts with its draft or the target's token; the starts
+  are the iterations."""
+  from spec_decode.core import provenance as prov  # pylint: disable=g-import-not-at-top
+
+  target, draft = pair
+  enc = encoder_batch(3, 7, 32, seed=3)
+  _, lengths, counters, record = _scheduled(
+    target, draft, enc, [0, 1, 2, 0, 2, 1]
+  )
+  p = prov.Provenance.of(record, 16)
+  kinds = set()
+  for r in range(enc.shape[0]):
+    its = p.iterations(r)
+    assert len(its) == int(counters.iterations[r])
+    assert sum(len(it) for it in its) == int(lengths[r])
+    for it in its:
+      kinds |= {k for _, k, _ in it}
+      if it[0][1] == prov.TARGET:
+        assert len(it) == 1
+  assert prov.TARGET in kinds and prov.ACCEPTED in kinds
