@@ -40,11 +40,11 @@ def target_model() -> sd.Model:
   return sd.Model.init(tiny_config(vocab_size=V), seed=3)
 
 
-def all_sequences() -> np.ndarray:
-  """Every possible output `[781, M]` (pad after EOS)."""
+def all_sequences(vocab_size: int = V, max_len: int = M) -> np.ndarray:
+  """Every possible output `[S, max_len]` (pad after EOS; 781 at V, M)."""
   seqs = []
-  non_eos = [t for t in range(V) if t != sd.EOS_ID]
-  for length in range(1, M + 1):
+  non_eos = [t for t in range(vocab_size) if t != sd.EOS_ID]
+  for length in range(1, max_len + 1):
     grids = np.meshgrid(*([non_eos] * (length - 1)), indexing='ij')
     prefixes = (
       np.stack([g.ravel() for g in grids], 1)
@@ -52,21 +52,24 @@ def all_sequences() -> np.ndarray:
       else np.zeros((1, 0), int)
     )
     for pre in prefixes:
-      seqs.append(list(pre) + [sd.EOS_ID] + [0] * (M - length))
-  grids = np.meshgrid(*([non_eos] * M), indexing='ij')
+      seqs.append(list(pre) + [sd.EOS_ID] + [0] * (max_len - length))
+  grids = np.meshgrid(*([non_eos] * max_len), indexing='ij')
   seqs.extend(np.stack([g.ravel() for g in grids], 1).tolist())
   return np.asarray(seqs, np.int32)
 
 
-def exact_probs(model, enc, sampler) -> tuple[np.ndarray, np.ndarray]:
-  """All sequences and their exact probabilities under `sampler`."""
-  seqs = all_sequences()
+def exact_probs(
+  model, enc, sampler, vocab_size: int = V, max_len: int = M
+) -> tuple[np.ndarray, np.ndarray]:
+  """All sequences of at most `max_len` tokens and their exact
+  probabilities under `sampler`."""
+  seqs = all_sequences(vocab_size, max_len)
   logits = model.logits(np.repeat(enc, len(seqs), 0), shift_right(seqs))
   probs = np.asarray(sampler.probs(logits), np.float64)
   per_token = np.take_along_axis(probs, seqs[..., None], -1)[..., 0]
   is_eos = seqs == sd.EOS_ID
-  length = np.where(is_eos.any(1), is_eos.argmax(1) + 1, M)
-  mask = np.arange(M)[None] < length[:, None]
+  length = np.where(is_eos.any(1), is_eos.argmax(1) + 1, max_len)
+  mask = np.arange(max_len)[None] < length[:, None]
   p = np.prod(np.where(mask, per_token, 1.0), axis=1)
   np.testing.assert_allclose(p.sum(), 1.0, atol=1e-4)
   return seqs, p

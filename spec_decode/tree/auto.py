@@ -1,10 +1,12 @@
 """`tree='auto'`: a tree shape from measured acceptance and measured costs.
 
-1. A calibration decode of this batch with `CALIBRATION` (a wide, deep
-   tree) measures a[d][r] = P(the rank-r child at depth d is accepted | it
-   is tested), `tree_generate.report`'s `rank_acceptance`. Depths and ranks
-   the calibration tree lacks take the deepest measured depth's value, and
-   0 for untested ranks.
+One decode (`tree.generation.decode_auto`), in two parts:
+
+1. Calibration: the decode's first `calibration_iterations(M)` iterations
+   run with `CALIBRATION` (a wide, deep tree) and measure a[d][r] = P(the
+   rank-r child at depth d is accepted | it is tested), the report's
+   `rank_acceptance`. Depths and ranks the calibration tree lacks take the
+   deepest measured depth's value, and 0 for untested ranks.
 2. Under the model that a node at depth d and rank r is accepted with
    probability a[d][r] given that its parent was accepted and its elder
    siblings rejected, a node's probability of being accepted is
@@ -16,11 +18,18 @@
    iterations (the drafter's tree, the target's tree call, verification,
    the commit) are timed at this batch size and sampler for chains of
    depth 1, 2, 4, 8 and stars of 4, 16, 32 nodes (median of calls inside a
-   compiled loop), and t(n, D) = a + b n + c D is fitted to them.
+   compiled loop, with keys of their own), and t(n, D) = a + b n + c D is
+   fitted to them.
 4. Over every budget n <= `MAX_NODES` and depth cap D <= `MAX_DEPTH`, the
    best tree (step 2 with depths beyond the cap removed) with the most
-   expected tokens per second is chosen; the report gives the expected and
+   expected tokens per second is chosen, and the decode goes on with it
+   from where the calibration left it; the report gives the expected and
    the measured tokens per call.
+
+Exactness: the choice reads counts of tested and accepted nodes at output
+positions the rows have committed, never a draw the rest of the decode
+uses (those are keyed by later positions), so the output is the target's
+distribution whatever the choice (as with gamma='auto').
 """
 
 import dataclasses
@@ -40,6 +49,9 @@ from spec_decode.policy import timing
 from spec_decode.tree import verification as tree_verification
 
 CALIBRATION = (4, 2, 2, 1, 1, 1)
+# The calibration decodes the first max(1, M // CALIBRATION_SHARE)
+# iterations of the decode itself.
+CALIBRATION_SHARE = 16
 MAX_NODES = 32
 MAX_DEPTH = 8
 _REPEATS = 5
@@ -255,23 +267,21 @@ def choose(
   return best
 
 
-def run(model, draft, enc, keys, settings, batch, decode):
-  """Calibrates, chooses and decodes; `decode` is `tree_generate.decode`."""
-  calibration = tree_lib.from_branching(CALIBRATION)
-  _, _, _, cal = decode(model, draft, enc, keys, settings, calibration, batch)
+def calibration_iterations(max_decode_len: int) -> int:
+  """Iterations decoded with `CALIBRATION` before the choice (step 1)."""
+  return max(1, max_decode_len // CALIBRATION_SHARE)
+
+
+def decide(model, draft, enc, settings, rank_acceptance):
+  """Steps 2-4 after a calibration: `(choice, iteration seconds, cost fit)`.
+
+  Args:
+    model: the target.
+    draft: the draft (model or drafter).
+    enc: `[B, S]` the decode's inputs (placed as the decode places them).
+    settings: the decode's settings.
+    rank_acceptance: `[D, W]` the calibration's measured a[d][r].
+  """
   timed = iteration_seconds(model, draft, enc, settings)
   cost = fit_costs(timed)
-  choice = choose(cal['rank_acceptance'], cost)
-  shape = tree_lib.from_paths(choice['paths'])
-  out, lengths, counters, report = decode(
-    model, draft, enc, keys, settings, shape, batch
-  )
-  choice = dict(choice, paths=[list(p) for p in choice['paths']])
-  report['auto'] = dict(
-    choice,
-    calibration_rank_acceptance=cal['rank_acceptance'],
-    iteration_seconds={str(k): v for k, v in timed.items()},
-    cost_fit=cost,
-    measured_tokens_per_call=report['tokens_per_call'],
-  )
-  return out, lengths, counters, report
+  return choose(rank_acceptance, cost), timed, cost

@@ -73,8 +73,19 @@ def settings_for(
 def run(model, draft, enc, keys, settings, shape, batch):
   """`generate`'s tree path: a fixed shape, or 'auto' (shape None)."""
   if shape is None:
-    return tree_auto.run(model, draft, enc, keys, settings, batch, decode)
+    return decode_auto(model, draft, enc, keys, settings, batch)
   return decode(model, draft, enc, keys, settings, shape, batch)
+
+
+def _spec_counters(counters: tree_loop.TreeCounters) -> SpecCounters:
+  return SpecCounters(
+    iterations=counters.iterations,
+    accepted_histogram=counters.accepted_histogram,
+    position_tries=counters.position_tries,
+    position_accepts=counters.position_accepts,
+    beta_sum=counters.beta_sum,
+    proposed=counters.proposed,
+  )
 
 
 def decode(model, draft, enc, keys, settings, shape, batch):
@@ -92,15 +103,90 @@ def decode(model, draft, enc, keys, settings, shape, batch):
   )
   counters = jax.tree.map(lambda x: np.asarray(x)[:batch], counters)
   lengths = lengths[:batch]
-  spec = SpecCounters(
-    iterations=counters.iterations,
-    accepted_histogram=counters.accepted_histogram,
-    position_tries=counters.position_tries,
-    position_accepts=counters.position_accepts,
-    beta_sum=counters.beta_sum,
-    proposed=counters.proposed,
-  )
+  spec = _spec_counters(counters)
   return out[:batch], lengths, spec, report(shape, counters, lengths)
+
+
+def decode_auto(model, draft, enc, keys, settings, batch):
+  """tree='auto' in one decode (`tree.auto`): the first iterations with the
+  calibration tree, then the tree chosen from what they accepted, from the
+  same loop state, with the same keys.
+
+  Exact: the choice reads the calibration iterations' counts of tested and
+  accepted nodes (and costs timed with other keys), which depend only on
+  the draws at output positions each row has already committed; every later
+  draw is keyed by its row and a later position, so it is independent of
+  the choice, and each iteration samples exactly whatever its tree
+  (`tree.verification`).
+  """
+  calibration = tree_lib.from_branching(tree_auto.CALIBRATION)
+  room = (max(calibration.num_nodes, tree_auto.MAX_NODES), tree_auto.MAX_DEPTH)
+  state = tree_loop.start_and_iterate_jit(
+    model,
+    draft,
+    enc,
+    keys,
+    settings=settings_for(settings, calibration),
+    shape=calibration,
+    room=room,
+    max_iterations=tree_auto.calibration_iterations(settings.max_decode_len),
+  )
+  cal_counters, cal_lengths = placement.to_host((state.counters, state.length))
+  cal_counters = jax.tree.map(lambda x: x[:batch], cal_counters)
+  cal = report(calibration, cal_counters, cal_lengths[:batch])
+  choice, timed, cost = tree_auto.decide(
+    model, draft, enc, settings, cal['rank_acceptance']
+  )
+  shape = tree_lib.from_paths(choice['paths'])
+  state = tree_loop.go_on_jit(
+    model,
+    draft,
+    enc,
+    keys,
+    settings=settings_for(settings, shape),
+    shape=shape,
+    state=state,
+  )
+  (out, lengths), counters = placement.to_host(
+    (tree_loop.outputs(state, settings), state.counters)
+  )
+  out, lengths = out[:batch], lengths[:batch]
+  counters = jax.tree.map(lambda x: x[:batch], counters)
+  tree = report(shape, counters, lengths - cal_lengths[:batch])
+  tree['auto'] = dict(
+    choice,
+    paths=[list(p) for p in choice['paths']],
+    calibration=dict(
+      paths=cal['paths'],
+      iterations=int(cal_counters.iterations.max(initial=0)),
+      tokens_per_call=cal['tokens_per_call'],
+    ),
+    calibration_rank_acceptance=cal['rank_acceptance'],
+    iteration_seconds={str(k): v for k, v in timed.items()},
+    cost_fit=cost,
+    measured_tokens_per_call=tree['tokens_per_call'],
+  )
+  spec = _joined(_spec_counters(cal_counters), _spec_counters(counters))
+  return out, lengths, spec, tree
+
+
+def _joined(a: SpecCounters, b: SpecCounters) -> SpecCounters:
+  """Two phases' counters summed, per-depth arrays padded to the deeper."""
+
+  def pad(x, width):
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+  depth = max(a.position_tries.shape[1], b.position_tries.shape[1])
+  return SpecCounters(
+    iterations=a.iterations + b.iterations,
+    accepted_histogram=pad(a.accepted_histogram, depth + 1)
+    + pad(b.accepted_histogram, depth + 1),
+    position_tries=pad(a.position_tries, depth) + pad(b.position_tries, depth),
+    position_accepts=pad(a.position_accepts, depth)
+    + pad(b.position_accepts, depth),
+    beta_sum=a.beta_sum + b.beta_sum,
+    proposed=a.proposed + b.proposed,
+  )
 
 
 def report(

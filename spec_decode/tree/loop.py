@@ -18,7 +18,10 @@ Per iteration, for a row with n output tokens:
      the next iteration overwrites.
 
 Cache length: the models' states hold M + N + 2 inputs (n + N + 1 slots
-are written while n < M).
+are written while n < M). `start` can size them (and the token buffer) for
+a larger tree than the first one, so that a decode goes on from its state
+with another tree (`iterate` stops at a run-time iteration count):
+tree='auto' calibrates on its first iterations that way (`tree.auto`).
 """
 
 import flax.struct
@@ -129,15 +132,69 @@ def _count(c: TreeCounters, shape, result, valid, active, kept):
   )
 
 
-def tree_decode(
+def start(
+  target,
+  draft,
+  encoder_tokens: jax.Array,
+  settings: DecodeSettings,
+  shape: TreeShape,
+  room: tuple[int, int] | None = None,
+) -> TreeLoopState:
+  """The loop's first state: zero counters for `shape`, room for trees of
+  up to `room = (nodes, depth)` (default: `shape`'s) in the caches and the
+  token buffer, so that the decode may go on with another tree
+  (`with_counters`).
+
+  Args:
+    target: a `protocol.TreeLanguageModel`.
+    draft: a drafter with `propose_tree`, or a tree language model.
+    encoder_tokens: `[B, S] int32`.
+    settings: static settings (`max_decode_len` M).
+    shape: the tree of the first iterations.
+    room: the most nodes and the deepest tree the state will decode with.
+  """
+  num_nodes, depth = room or (shape.num_nodes, shape.depth)
+  num_nodes, depth = max(num_nodes, shape.num_nodes), max(depth, shape.depth)
+  batch = encoder_tokens.shape[0]
+  proposer = model_drafter.as_drafter(draft)
+  cache_len = settings.max_decode_len + num_nodes + 2
+  features = None
+  if getattr(proposer, 'uses_target_features', False):
+    size = getattr(target, 'feature_size', None) or target.config.emb_dim
+    features = jnp.zeros((batch, size), jnp.float32)
+  return TreeLoopState(
+    inputs=jnp.full(
+      (batch, settings.max_decode_len + depth + 2), PAD_ID, jnp.int32
+    ),
+    length=jnp.zeros((batch,), jnp.int32),
+    done=jnp.zeros((batch,), bool),
+    step=jnp.zeros((), jnp.int32),
+    target=target.init_state(encoder_tokens, cache_len),
+    draft=proposer.init_draft(encoder_tokens, cache_len),
+    counters=TreeCounters.zeros(batch, shape),
+    features=features,
+  )
+
+
+def with_counters(state: TreeLoopState, shape: TreeShape) -> TreeLoopState:
+  """`state` with zero counters for `shape` (to go on with another tree)."""
+  return state.replace(
+    counters=TreeCounters.zeros(state.length.shape[0], shape)
+  )
+
+
+def iterate(
   target,
   draft,
   encoder_tokens: jax.Array,
   row_keys: jax.Array,
   settings: DecodeSettings,
   shape: TreeShape,
-):
-  """Speculative decoding with token trees (module docstring).
+  state: TreeLoopState,
+  max_iterations: jax.Array | int,
+) -> TreeLoopState:
+  """Tree iterations (module docstring) from `state` until every row is
+  done or `state.step` reaches `max_iterations` (a run-time value).
 
   Args:
     target: a `protocol.TreeLanguageModel`.
@@ -146,19 +203,21 @@ def tree_decode(
     encoder_tokens: `[B, S] int32`.
     row_keys: `[B]` PRNG keys.
     settings: static settings; `gamma` must be the tree's depth D.
-    shape: the static tree.
+    shape: the static tree; `state` must have room for it (`start`) and
+      counters of its size.
+    state: where to go on from.
+    max_iterations: the loop stops when `state.step` reaches it (or M).
 
   Returns:
-    tokens `[B, M]`, lengths `[B]`, `TreeCounters`.
+    The state after the last iteration.
   """
   if settings.gamma != shape.depth:
-    raise ValueError('tree_decode needs settings.gamma == the tree depth')
+    raise ValueError('the tree loop needs settings.gamma == the tree depth')
   d = shape.depth
   batch = encoder_tokens.shape[0]
   proposer = model_drafter.as_drafter(draft)
   with_features = bool(getattr(proposer, 'uses_target_features', False))
   attention = shape.target_attention()
-  cache_len = settings.max_decode_len + shape.num_nodes + 2
   rows = jnp.arange(batch)
 
   def body(state: TreeLoopState) -> TreeLoopState:
@@ -223,27 +282,82 @@ def tree_decode(
       features=features,
     )
 
-  features = None
-  if with_features:
-    size = getattr(target, 'feature_size', None) or target.config.emb_dim
-    features = jnp.zeros((batch, size), jnp.float32)
-  state = TreeLoopState(
-    inputs=jnp.full((batch, settings.buffer_len), PAD_ID, jnp.int32),
-    length=jnp.zeros((batch,), jnp.int32),
-    done=jnp.zeros((batch,), bool),
-    step=jnp.zeros((), jnp.int32),
-    target=target.init_state(encoder_tokens, cache_len),
-    draft=proposer.init_draft(encoder_tokens, cache_len),
-    counters=TreeCounters.zeros(batch, shape),
-    features=features,
+  limit = jnp.minimum(
+    jnp.asarray(max_iterations, jnp.int32), settings.max_decode_len
   )
-  state = lax.while_loop(
-    lambda s: jnp.any(~s.done) & (s.step < settings.max_decode_len),
-    body,
-    state,
+  return lax.while_loop(
+    lambda s: jnp.any(~s.done) & (s.step < limit), body, state
   )
-  tokens = state.inputs[:, 1 : settings.max_decode_len + 1]
-  return tokens, state.length, state.counters
+
+
+def outputs(
+  state: TreeLoopState, settings: DecodeSettings
+) -> tuple[jax.Array, jax.Array]:
+  """Tokens `[B, M]` and lengths `[B]` of a loop state."""
+  return state.inputs[:, 1 : settings.max_decode_len + 1], state.length
+
+
+def tree_decode(
+  target,
+  draft,
+  encoder_tokens: jax.Array,
+  row_keys: jax.Array,
+  settings: DecodeSettings,
+  shape: TreeShape,
+):
+  """Speculative decoding with token trees (module docstring).
+
+  Args:
+    target: a `protocol.TreeLanguageModel`.
+    draft: a drafter with `propose_tree`, or a tree language model (drafted
+      by `ModelDrafter`).
+    encoder_tokens: `[B, S] int32`.
+    row_keys: `[B]` PRNG keys.
+    settings: static settings; `gamma` must be the tree's depth D.
+    shape: the static tree.
+
+  Returns:
+    tokens `[B, M]`, lengths `[B]`, `TreeCounters`.
+  """
+  state = start(target, draft, encoder_tokens, settings, shape)
+  state = iterate(
+    target, draft, encoder_tokens, row_keys, settings, shape, state,
+    settings.max_decode_len,
+  )  # fmt: skip
+  tokens, lengths = outputs(state, settings)
+  return tokens, lengths, state.counters
 
 
 tree_decode_jit = jax.jit(tree_decode, static_argnames=('settings', 'shape'))
+
+
+def _start_and_iterate(
+  target, draft, encoder_tokens, row_keys, settings, shape, room,
+  max_iterations,
+) -> TreeLoopState:  # fmt: skip
+  state = start(target, draft, encoder_tokens, settings, shape, room)
+  return iterate(
+    target, draft, encoder_tokens, row_keys, settings, shape, state,
+    max_iterations,
+  )  # fmt: skip
+
+
+# The first iterations of a decode that may go on with another tree:
+# `room` (num_nodes, depth) is the largest tree it may go on with.
+start_and_iterate_jit = jax.jit(
+  _start_and_iterate, static_argnames=('settings', 'shape', 'room')
+)
+
+
+def _go_on(
+  target, draft, encoder_tokens, row_keys, settings, shape, state
+) -> TreeLoopState:  # fmt: skip
+  state = with_counters(state, shape)
+  return iterate(
+    target, draft, encoder_tokens, row_keys, settings, shape, state,
+    settings.max_decode_len,
+  )  # fmt: skip
+
+
+# Goes on from a state with another tree (fresh counters), to the end.
+go_on_jit = jax.jit(_go_on, static_argnames=('settings', 'shape'))
