@@ -15,12 +15,11 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import spec_decode as sd
 from spec_decode import theory
-from spec_decode.bench import controlled
+from spec_decode.bench import speed
 from spec_decode.bench.accel.plan import Deadline
 from spec_decode.bench.accel.plan import Plan
 from spec_decode.bench.accel.record import Recorder
@@ -40,15 +39,6 @@ def inputs(batch: int, vocab_size: int, seed: int = 0) -> np.ndarray:
   rng = np.random.default_rng(seed)
   high = min(1000, vocab_size)
   return rng.integers(3, high, (batch, 24)).astype(np.int32)
-
-
-def controlled_draft(draft_net, reference, alpha: float):
-  return controlled.ControlledDraft(
-    inner=draft_net,
-    reference=jnp.asarray(reference),
-    alpha=jnp.float32(alpha),
-    key=jax.random.key(17),
-  )
 
 
 def timed(fn, repeats: int) -> tuple[float, Any, float]:
@@ -167,7 +157,7 @@ def measure(
       continue
     t0 = time.perf_counter()
     gamma, predicted = best_gamma(alpha, c, v)
-    draft = controlled_draft(draft_net, reference, alpha)
+    draft = speed.controlled_draft(draft_net, reference, alpha)
     spec_s, spec, _ = timed(
       lambda draft=draft, gamma=gamma: sd.generate(
         target, enc, draft=draft, gamma=gamma, max_decode_len=m
