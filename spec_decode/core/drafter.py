@@ -12,6 +12,20 @@ Exactness needs only that `q[b, i]` is the distribution `tokens[b, i]` was
 drawn from, given the row's prefix and the tokens proposed before it, and
 that the number of proposed tokens `num[b]` depends on nothing the verifier
 draws (it may depend on the drafter's own distributions and draws).
+
+What a drafter reads of the target (each optional, declared by a class
+attribute; the loops fill only what is declared, from the verification
+call they make anyway, never from a second target call):
+  * `uses_target_features`: the target's final hidden state that predicted
+    the newest token (`DraftContext.target_features`; Medusa heads);
+  * `uses_recent_features`: also the hidden states of the last K inputs
+    (`DraftContext.recent_features`), K the most inputs one iteration can
+    commit, so the features of every position the last verification
+    accepted (EAGLE-style feature drafts);
+  * `uses_target_state`: the target's decode state
+    (`DraftContext.target_state`), read-only: its encoder-side keys and
+    values and its committed cache slots (drafts that share them).
+The loops keep the window with `feature_window` and `slide_features`.
 """
 
 from typing import Any
@@ -42,6 +56,18 @@ class DraftContext:
       `uses_target_features`: the target's final decoder hidden state (after
       the final norm) at input n-1, the one that predicted token n, taken from
       the previous target call; zeros before the first call.
+    recent_features: `[B, K, D] float32` or None. For drafters with
+      `uses_recent_features`: the target's final hidden states at inputs
+      n-K..n-1 (`recent_features[:, -1]` is `target_features`), each from
+      the target call that committed that input; zeros at inputs < 0. K is
+      the most inputs one iteration commits (G + 1 in the chain loops, the
+      deepest tree + 1 in the tree loop), so a drafter called every
+      iteration sees the features of every input accepted since its last
+      call.
+    target_state: the target's decode state, or None. For drafters with
+      `uses_target_state`; read-only. Its encoder-side keys and values are
+      the decode's; its cache slots for inputs 0..n-1 hold the committed
+      inputs, later slots are stale (its index is not n).
   """
 
   inputs: jax.Array
@@ -49,6 +75,8 @@ class DraftContext:
   encoder_tokens: jax.Array
   keys: jax.Array
   target_features: jax.Array | None = None
+  recent_features: jax.Array | None = None
+  target_state: Any = None
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -93,6 +121,11 @@ class Drafter(Protocol):
   # True: the loop scores the target with features and fills
   # `DraftContext.target_features` (Medusa / blockwise heads).
   uses_target_features: bool
+  # Optional, default False: the loop also fills
+  # `DraftContext.recent_features` (needs `uses_target_features`).
+  uses_recent_features: bool
+  # Optional, default False: the loop fills `DraftContext.target_state`.
+  uses_target_state: bool
 
   @property
   def vocab_size(self) -> int: ...
@@ -142,6 +175,68 @@ def full_proposal(tokens: jax.Array, q: jax.Array | None) -> Proposal:
   """A proposal of all G tokens in every row."""
   num = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
   return Proposal(tokens=tokens, q=q, num=num)
+
+
+def reads(proposer: Any, what: str) -> bool:
+  """Whether `proposer` declares `uses_<what>` (`features`: target_features,
+  `recent_features`, `target_state`)."""
+  name = 'uses_target_features' if what == 'features' else f'uses_{what}'
+  return bool(getattr(proposer, name, False))
+
+
+def feature_window(
+  proposer: Any, target: Any, batch: int, width: int
+) -> jax.Array | None:
+  """The loops' zero feature window `[B, K, D]` float32 before the first
+  call, or None for a drafter that reads no features.
+
+  Args:
+    proposer: the drafter.
+    target: the target (`feature_size`, else `config.emb_dim`, is D).
+    batch: B.
+    width: the most inputs one iteration commits; K = `width` when the
+      drafter reads recent features, else 1 (the newest only).
+  """
+  if not reads(proposer, 'features'):
+    return None
+  size = getattr(target, 'feature_size', None) or target.config.emb_dim
+  k = width if reads(proposer, 'recent_features') else 1
+  return jnp.zeros((batch, k, size), jnp.float32)
+
+
+def slide_features(
+  window: jax.Array, new: jax.Array, count: jax.Array
+) -> jax.Array:
+  """The window after `count` more inputs were committed.
+
+  Args:
+    window: `[B, K, D]` features at inputs n-K..n-1.
+    new: `[B, C, D]` the last target call's features at inputs n..n+C-1
+      (the committed ones first).
+    count: `[B] int32` in [0, C], inputs committed (the new length n + count).
+
+  Returns:
+    `[B, K, D]` features at inputs n+count-K..n+count-1.
+  """
+  k = window.shape[1]
+  both = jnp.concatenate([window, new.astype(window.dtype)], axis=1)
+  idx = count[:, None] + jnp.arange(k)[None]
+  return jnp.take_along_axis(both, idx[..., None], axis=1)
+
+
+def context_reads(
+  proposer: Any, window: jax.Array | None, target_state: Any
+) -> dict[str, Any]:
+  """The `DraftContext` fields a drafter declared it reads, from the loop's
+  feature window and the target's state."""
+  out = {}
+  if window is not None:
+    out['target_features'] = window[:, -1]
+    if reads(proposer, 'recent_features'):
+      out['recent_features'] = window
+  if reads(proposer, 'target_state'):
+    out['target_state'] = target_state
+  return out
 
 
 def is_drafter(obj: Any) -> bool:

@@ -18,6 +18,9 @@ Trees (`propose_tree`): the top-k children (greedy) or draws without
 replacement (sampling) of every internal node, one model call per depth.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -69,21 +72,14 @@ class ModelDrafter:
     logits, ds = model.score(ds, first_inputs)
     first_logits = jnp.where((n > 0)[:, None], logits[:, 1], logits[:, 0])
     ds = model.rollback(ds, n + 1)
-    x1, q1 = sampling.draw_tokens(sampler, keys[:, 0], first_logits)
-    step_keys = jnp.swapaxes(keys[:, 1:], 0, 1)
-    tau = settings.dynamic_gamma
-    if tau > 0.0:
-      tokens, qs, num, ds = _dynamic_steps(
-        model, sampler, ds, x1, step_keys, tau
-      )
-    else:
-      tokens, qs, ds = _fixed_steps(model, sampler, ds, x1, step_keys)
-      num = None
-    q = None if q1 is None else jnp.concatenate([q1[:, None], qs], axis=1)
-    tokens = jnp.concatenate([x1[:, None], tokens], axis=1)
-    if num is None:
-      return full_proposal(tokens, q), ds
-    return Proposal(tokens=tokens, q=q, num=num), ds
+
+    def step(ds, prev):
+      logits, ds = model.score(ds, prev[:, None])
+      return logits[:, 0], ds
+
+    return draft_chain(
+      step, ds, first_logits, keys, sampler, settings.dynamic_gamma
+    )
 
   def propose_tree(
     self,
@@ -122,16 +118,64 @@ class ModelDrafter:
     )
 
 
-def _fixed_steps(model, sampler, ds, x1, step_keys):
-  def step(carry, key_i):
-    ds_i, prev = carry
-    lg, ds_i = model.score(ds_i, prev[:, None])
-    x, q = sampling.draw_tokens(sampler, key_i, lg[:, 0])
-    return (ds_i, x), (x, q)
+# `step(carry, prev [B] int32) -> (logits [B, V] after prev, carry)`.
+ChainStep = Callable
 
-  (ds, _), (xs, qs) = lax.scan(step, (ds, x1), step_keys, unroll=True)
+
+def draft_chain(
+  step: ChainStep,
+  carry: Any,
+  first_logits: jax.Array,
+  keys: jax.Array,
+  sampler: sampling.Sampler,
+  tau: float = 0.0,
+) -> tuple[Proposal, Any]:
+  """G autoregressive draws from a drafter's one-token step.
+
+  Shared by the drafters that draft a chain one token per call
+  (`ModelDrafter`, the feature and early-exit drafts): token 1 is drawn
+  from `first_logits`, token i + 1 from `step` fed token i (an unrolled
+  `lax.scan`), each with its own key. With `tau > 0` a row stops at the
+  first position i >= 1 whose confidence (largest raw probability of the
+  step's logits) is below tau (module docstring).
+
+  Args:
+    step: the drafter's next-token logits after one more token.
+    carry: what `step` threads (a decode state).
+    first_logits: `[B, V]` the logits of token 1.
+    keys: `[B, G]` one key per drawn token.
+    sampler: the loop's sampler.
+    tau: the dynamic-gamma threshold, 0 for off.
+
+  Returns:
+    The proposal (`num` < G where a row stopped) and the final carry.
+  """
+  x1, q1 = sampling.draw_tokens(sampler, keys[:, 0], first_logits)
+  step_keys = jnp.swapaxes(keys[:, 1:], 0, 1)
+  if tau > 0.0:
+    tokens, qs, num, carry = _dynamic_steps(
+      step, sampler, carry, x1, step_keys, tau, first_logits.shape[-1]
+    )
+  else:
+    tokens, qs, carry = _fixed_steps(step, sampler, carry, x1, step_keys)
+    num = None
+  q = None if q1 is None else jnp.concatenate([q1[:, None], qs], axis=1)
+  tokens = jnp.concatenate([x1[:, None], tokens], axis=1)
+  if num is None:
+    return full_proposal(tokens, q), carry
+  return Proposal(tokens=tokens, q=q, num=num), carry
+
+
+def _fixed_steps(step, sampler, carry, x1, step_keys):
+  def body(c, key_i):
+    carry_i, prev = c
+    lg, carry_i = step(carry_i, prev)
+    x, q = sampling.draw_tokens(sampler, key_i, lg)
+    return (carry_i, x), (x, q)
+
+  (carry, _), (xs, qs) = lax.scan(body, (carry, x1), step_keys, unroll=True)
   qs = None if qs is None else jnp.swapaxes(qs, 0, 1)
-  return jnp.swapaxes(xs, 0, 1), qs, ds
+  return jnp.swapaxes(xs, 0, 1), qs, carry
 
 
 def _confidence(logits: jax.Array) -> jax.Array:
@@ -139,34 +183,34 @@ def _confidence(logits: jax.Array) -> jax.Array:
   return jnp.exp(jnp.max(jax.nn.log_softmax(logits, axis=-1), axis=-1))
 
 
-def _dynamic_steps(model, sampler, ds, x1, step_keys, tau):
+def _dynamic_steps(step, sampler, carry, x1, step_keys, tau, vocab_size):
   batch = x1.shape[0]
 
-  def step(carry, key_i):
-    ds_i, prev, going = carry
+  def body(c, key_i):
+    carry_i, prev, going = c
 
-    def run(ds_i):
-      lg, ds_i = model.score(ds_i, prev[:, None])
-      x, q = sampling.draw_tokens(sampler, key_i, lg[:, 0])
-      return ds_i, x, q, going & (_confidence(lg[:, 0]) >= tau)
+    def run(carry_i):
+      lg, carry_i = step(carry_i, prev)
+      x, q = sampling.draw_tokens(sampler, key_i, lg)
+      return carry_i, x, q, going & (_confidence(lg) >= tau)
 
-    def skip(ds_i):
+    def skip(carry_i):
       x = jnp.zeros((batch,), jnp.int32)
       q = None
       if not sampler.is_greedy:
-        q = jnp.zeros((batch, model.vocab_size), jnp.float32)
-      return ds_i, x, q, jnp.zeros_like(going)
+        q = jnp.zeros((batch, vocab_size), jnp.float32)
+      return carry_i, x, q, jnp.zeros_like(going)
 
-    ds_i, x, q, going = lax.cond(jnp.any(going), run, skip, ds_i)
-    return (ds_i, x, going), (x, q, going)
+    carry_i, x, q, going = lax.cond(jnp.any(going), run, skip, carry_i)
+    return (carry_i, x, going), (x, q, going)
 
   going = jnp.ones((batch,), bool)
-  (ds, _, _), (xs, qs, kept) = lax.scan(
-    step, (ds, x1, going), step_keys, unroll=True
+  (carry, _, _), (xs, qs, kept) = lax.scan(
+    body, (carry, x1, going), step_keys, unroll=True
   )
   num = 1 + jnp.sum(kept.astype(jnp.int32), axis=0)
   qs = None if qs is None else jnp.swapaxes(qs, 0, 1)
-  return jnp.swapaxes(xs, 0, 1), qs, num, ds
+  return jnp.swapaxes(xs, 0, 1), qs, num, carry
 
 
 def drafting_copy(draft, target):
