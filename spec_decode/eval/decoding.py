@@ -5,9 +5,13 @@
 shape once untimed first, so that walltimes exclude compile time (and, for
 γ = `AUTO`, the policy's cost measurement, which `Decoder.cost_models`
 keeps);
-`batch_arrays` pads a batch of tokenized inputs to a bucketed width;
-`row_spec_record` reads one row's acceptance counts from `SpecStats`;
-`measure_costs` times draft and target steps (`costs.measure`).
+`Decoder.draft_alone` decodes a batch with the draft alone (its timed loop
+gives the draft's step time, so that the report's c and v come from the
+run's own loops); `batch_arrays` pads a batch of tokenized inputs to a
+bucketed width; `row_spec_record` reads one row's acceptance counts from
+`SpecStats` and `row_provenance` its tokens' provenance; `measure_costs`
+times draft and target steps apart from the loops (`costs.measure`: a
+drafter that is not a language model, beam search).
 """
 
 import dataclasses
@@ -18,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import spec_decode as sd
+from spec_decode.core import drafter as drafter_lib
 from spec_decode.core import rejection
 from spec_decode.eval import settings as settings_lib
 from spec_decode.policy import timing as costs_lib
@@ -259,6 +264,30 @@ class Decoder:
     self._note_costs(out)
     return out, seconds
 
+  @property
+  def decodes_draft_alone(self) -> bool:
+    """Whether `draft_alone` applies: a language-model draft, no beams."""
+    return not self.settings.beam and not drafter_lib.is_drafter(self.draft)
+
+  def draft_alone(
+    self, enc: np.ndarray, seeds: np.ndarray
+  ) -> tuple[Any, float]:
+    """Plain decoding with the draft as the model (compiled untimed first):
+    its loop's seconds per step are the draft's step time in the report.
+
+    Returns:
+      The `sd.generate` output and the seconds it took.
+    """
+    s = self.settings
+    kw = dict(s.sampling(), max_decode_len=s.max_decode_len, seed=seeds)
+    key = (enc.shape, 'draft alone')
+    if key not in self._seen:
+      sd.generate(self.draft, enc, **kw)
+    self._seen.add(key)
+    t0 = time.perf_counter()
+    out = sd.generate(self.draft, enc, **kw)
+    return out, time.perf_counter() - t0
+
   def _note_costs(self, out: Any) -> None:
     """Keeps the cost model of an `AUTO` decode (`cost_models`): seconds
     per loop iteration by γ (beam search: γ 0, a plain step, and γ G, a
@@ -397,3 +426,25 @@ def row_spec_record(
       else gamma * iterations
     ),
   }
+
+
+def row_provenance(out: Any, r: int, tokens: list[int]) -> dict[str, Any]:
+  """Row r's per-token provenance for its record (`core.provenance`):
+  `provenance`, the code of each output token, and `rejected`, `[position,
+  draft token]` where the target replaced a rejected draft token; tree
+  decodes add `rank` (sibling ranks). Empty without provenance (plain or
+  beam decodes)."""
+  prov = getattr(out, 'provenance', None)
+  if prov is None:
+    return {}
+  n = len(tokens)
+  rejected = prov.rejected[r, :n]
+  rec = {
+    'provenance': prov.codes[r, :n].astype(int).tolist(),
+    'rejected': [
+      [int(k), int(rejected[k])] for k in np.flatnonzero(rejected >= 0)
+    ],
+  }
+  if prov.rank[r, :n].any():
+    rec['rank'] = prov.rank[r, :n].astype(int).tolist()
+  return rec

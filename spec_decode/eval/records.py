@@ -5,7 +5,8 @@
   examples.jsonl   one line per example, appended (flushed and fsynced)
                    batch by batch as the run goes
   run_state.json   the run's settings (and an auto-γ choice)
-  accepted_histogram.png, speedup_vs_gamma.png
+  examples.html    every example with its tokens' provenance (`pages.py`)
+  accepted_histogram.png, position_acceptance.png, speedup_vs_gamma.png
   <task>-predict.jsonl-00000-of-00001
                    the outputs as T5X's infer writes them
 
@@ -21,20 +22,25 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from spec_decode.eval import report
+from spec_decode.eval import pages
+from spec_decode.eval import plots
 
 RESULTS_FILE = 'results.json'
 SUMMARY_FILE = 'summary.md'
 EXAMPLES_FILE = 'examples.jsonl'
 STATE_FILE = 'run_state.json'
-HISTOGRAM_PLOT = report.HISTOGRAM_PLOT
-SWEEP_PLOT = report.SWEEP_PLOT
+PAGE_FILE = pages.PAGE_FILE
+HISTOGRAM_PLOT = plots.HISTOGRAM_PLOT
+POSITION_PLOT = plots.POSITION_PLOT
+SWEEP_PLOT = plots.SWEEP_PLOT
 # Everything a run writes but its state: removed when a run starts afresh.
 _OUTPUTS = (
   EXAMPLES_FILE,
   RESULTS_FILE,
   SUMMARY_FILE,
+  PAGE_FILE,
   HISTOGRAM_PLOT,
+  POSITION_PLOT,
   SWEEP_PLOT,
 )
 
@@ -146,7 +152,7 @@ def write_results(
   write_json(os.path.join(output_dir, RESULTS_FILE), results)
   with open(os.path.join(output_dir, SUMMARY_FILE), 'w', encoding='utf-8') as f:
     f.write(summary)
-  report.write_plots(results, output_dir)
+  plots.write(results, output_dir)
 
 
 def predictions_file(task: str) -> str:

@@ -1,9 +1,9 @@
 """The numbers and the report of an eval run (`spec_decode.eval.run`).
 
-`results` turns the per-example records of examples.jsonl and the measured
-costs (c, v) into results.json; `summary_markdown` writes the Markdown
-report, a Table 4 style row per γ; `write_plots` draws the accepted-length
-histogram and, for a γ sweep, speedup against γ.
+`results` turns the per-example records of examples.jsonl and their timings
+into results.json; `summary_markdown` writes the Markdown report, a Table 4
+style row per γ, with links to the plots (`eval/plots.py`) and the examples
+page (`eval/pages.py`).
 
 Beam-search runs (`decode_method='beam'`) report in beam search's terms:
 plain beam search's target calls are its steps (records' `plain_steps`),
@@ -14,26 +14,29 @@ and exact means equal beams, lengths and scores. The chain model's
 predictions (Theorem 3.8, E[tokens] / (γc + v)) stay in results.json but
 are not shown for them: c and v are a chain's costs.
 
+c and v come from the run's own timed loops (`_step_costs`,
+`_gamma_results`): c is the draft's plain decode's seconds per loop
+iteration over the target's, and v a speculative iteration's seconds less
+its draft steps, over the target's plain step; so the predicted and the
+measured speedup of one run can be compared.
+
 Auto-γ runs (`gamma='auto'`, records keyed `'auto'`): γ varies per
 iteration, so the predictions are those of the schedule the policy ran,
 over the rows' iterations: E[tokens] is the mean of E(α, γ) (E(α, 0) = 1),
-γ the mean γ and v the mean v(γ + 1) (v(1) = 1: a γ-0 iteration is a
-plain step), in the fixed-γ formulas. The report adds the batches'
+γ the mean γ and v the loop's mean (`mean_v`: γ-0 iterations included),
+in the fixed-γ formulas. The report adds the batches'
 iterations at each γ and the policy's cost models. The acceptance counts
 follow the schedule, which follows the measured costs: two runs agree
 when their cost model does (the disk cache makes that the default).
 """
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 
 from spec_decode import theory
-
-HISTOGRAM_PLOT = 'accepted_histogram.png'
-SWEEP_PLOT = 'speedup_vs_gamma.png'
+from spec_decode.eval import pages
 
 # Keys of results.json (at any depth) whose values come from clocks: they
 # differ between runs, everything else is a function of the decoded tokens.
@@ -55,6 +58,8 @@ TIMING_KEYS = frozenset(
     'plain_tokens_per_second',
     'cost_models',
     'mean_v',
+    'iteration_cost',
+    'costs_timed_apart',
   }
 )
 
@@ -68,14 +73,13 @@ def _batch_groups(records, batch_size):
   return list(groups.values())
 
 
-def _schedule(records, key, batch_size, alpha, v_of_k):
-  """An auto-γ decode's γ schedule and the means the predictions use
-  (`v_of_k` needs v(γ + 1) of the γs the rows ran).
+def _schedule(records, key, batch_size, alpha):
+  """An auto-γ decode's γ schedule and the means the predictions use.
 
   Returns:
     `{'max_gamma', 'gamma_iterations'` (`[G + 1]` the batches' iterations
     at each γ: each batch's longest row saw all of them), `'mean_gamma'`,
-    `'mean_v'`, `'mean_expected_tokens'` (over the rows' iterations)}.
+    `'mean_expected_tokens'` (over the rows' iterations)}.
   """
   rows = np.array(
     [rec['speculative'][key]['gamma_iterations'] for rec in records],
@@ -93,16 +97,51 @@ def _schedule(records, key, batch_size, alpha, v_of_k):
     'max_gamma': int(gammas[-1]),
     'gamma_iterations': batches.tolist(),
     'mean_gamma': float(per_gamma @ gammas / n),
-    'mean_v': float(
-      sum(per_gamma[g] * v_of_k[g + 1] for g in gammas if per_gamma[g]) / n
-    ),
     'mean_expected_tokens': float(per_gamma @ expected / n),
   }
 
 
-def _gamma_results(records, gamma, batch_size, score, costs, plain):
+def _step_costs(records, batch_size, plain, costs):
+  """The target's and the draft's step times and c, from the run's loops.
+
+  The target step T is the plain decodes' seconds per loop iteration; the
+  draft step, the draft decoding alone's (records' `draft_alone_*`); c is
+  their ratio. Without the draft's own decodes (a drafter that is not a
+  language model, beam search, or records of an older run) c is `costs`'
+  (timed apart from the loops, `costs.measure`) and the draft step c T.
+  """
+  t = plain['seconds'] / max(plain['target_calls'], 1)
+  if all('draft_alone_seconds' in rec for rec in records):
+    calls = sum(
+      max(rec['draft_alone_tokens'] for rec in group)
+      for group in _batch_groups(records, batch_size)
+    )
+    d = sum(rec['draft_alone_seconds'] for rec in records) / max(calls, 1)
+    source = 'loops'
+  else:
+    d = costs['c'] * t
+    source = 'timed apart'
+  return {
+    'target_step_seconds': t,
+    'draft_step_seconds': d,
+    'c': d / max(t, 1e-12),
+    'cost_source': {'c': source, 'v': 'loops'},
+  }
+
+
+def _gamma_results(records, gamma, batch_size, score, steps, plain):
   """Acceptance, calls, quality, timings and predictions of one γ (an int,
-  or `'auto'`: the schedule's means, `_schedule`)."""
+  or `'auto'`: the schedule's means, `_schedule`).
+
+  `iteration_cost` is this γ's own timed loop's seconds per target call
+  over the target step T (`_step_costs`): γc + v as the loop ran it; v is
+  that less γc (the draft steps of a call). The prediction E[tokens] /
+  (γc + v) then differs from the measured speedup only where E[tokens]
+  (iid α) differs from the tokens each batch's target calls produced. (A
+  plain loop's iteration carries more overhead than a draft step inside
+  the speculative loop's scan: where that overhead dominates, as with tiny
+  models, c is too high and v can come out negative; γc + v stays what was
+  measured.)"""
   key = str(gamma)
   specs = [rec['speculative'][key] for rec in records]
   hist = np.sum([s['accepted_histogram'] for s in specs], axis=0)
@@ -118,17 +157,23 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
   tokens = sum(len(s['tokens']) for s in specs)
   iterations = sum(s['iterations'] for s in specs)
   seconds = sum(s['seconds'] for s in specs)
-  c = costs['c']
+  c = steps['c']
   auto = {}
   if key == 'auto':
-    auto = _schedule(records, key, batch_size, alpha, costs['v_of_k'])
-    mean_gamma, v = auto['mean_gamma'], auto['mean_v']
+    auto = _schedule(records, key, batch_size, alpha)
+    mean_gamma = auto['mean_gamma']
     expected = auto.pop('mean_expected_tokens')
     draft_calls = int(np.arange(len(hist)) @ auto['gamma_iterations'])
   else:
-    mean_gamma, v = gamma, costs['v_of_k'][gamma + 1]
+    mean_gamma = gamma
     expected = float(theory.expected_tokens(alpha, gamma))
     draft_calls = gamma * target_calls
+  # A target call's seconds (its iteration's, drafting included) in target
+  # steps: γc + v as this loop ran it.
+  cost = seconds / max(target_calls, 1) / steps['target_step_seconds']
+  v = cost - draft_calls / max(target_calls, 1) * c
+  if key == 'auto':
+    auto['mean_v'] = v
   values, _ = score([s['text'] for s in specs], [s['tokens'] for s in specs])
   quality = {
     name: {'plain': plain['quality'][name], 'speculative': value}
@@ -161,6 +206,7 @@ def _gamma_results(records, gamma, batch_size, score, costs, plain):
     'quality': quality,
     'c': c,
     'v': v,
+    'iteration_cost': cost,
     'seconds': seconds,
     'tokens_per_second': tokens / max(seconds, 1e-12),
     'speedup_measured': plain['seconds'] / max(seconds, 1e-12),
@@ -181,7 +227,9 @@ def results(
     score: (output texts, output ids) -> ({quality metric: value}, notes
       on metrics not reported); `task_data.TaskData.score`.
     batch_size: rows per decode.
-    costs: `decoding.measure_costs` of the pair.
+    costs: `decoding.measure_costs` of the pair (timed apart from the
+      loops), or None: c and v come from the records' timed loops
+      (`_step_costs`); with `costs`, c is theirs and v still the loops'.
     metric: what `score` computes, for results.json.
   """
   plain_quality, notes = score(
@@ -204,9 +252,14 @@ def results(
       for group in _batch_groups(records, batch_size)
     ),
   }
+  steps = _step_costs(records, batch_size, plain, costs)
   sweep = [
-    _gamma_results(records, g, batch_size, score, costs, plain) for g in gammas
+    _gamma_results(records, g, batch_size, score, steps, plain) for g in gammas
   ]
+  v_of_k = {'1': 1.0}
+  v_of_k.update(
+    {str(s['gamma'] + 1): s['v'] for s in sweep if s['gamma'] != 'auto'}
+  )
   top = dict(sweep[0])
   top.update(
     num_examples=len(records),
@@ -220,9 +273,11 @@ def results(
       if beam
       else {}
     ),
-    v_of_k={str(k): v for k, v in costs['v_of_k'].items()},
-    target_step_seconds=costs['target_step_seconds'],
-    draft_step_seconds=costs['draft_step_seconds'],
+    v_of_k=v_of_k,
+    target_step_seconds=steps['target_step_seconds'],
+    draft_step_seconds=steps['draft_step_seconds'],
+    cost_source=steps['cost_source'],
+    **({'costs_timed_apart': _apart(costs)} if costs else {}),
     walltime={
       'plain_seconds': plain_seconds,
       'speculative_seconds': sweep[0]['seconds'],
@@ -234,6 +289,16 @@ def results(
     sweep=sweep if len(sweep) > 1 else [],
   )
   return top
+
+
+def _apart(costs: dict[str, Any]) -> dict[str, Any]:
+  """`costs.measure`'s figures as results.json keeps them."""
+  return {
+    'c': costs['c'],
+    'v_of_k': {str(k): v for k, v in costs['v_of_k'].items()},
+    'target_step_seconds': costs['target_step_seconds'],
+    'draft_step_seconds': costs['draft_step_seconds'],
+  }
 
 
 def strip_timings(obj: Any) -> Any:
@@ -332,9 +397,8 @@ def summary_markdown(r: dict[str, Any]) -> str:
     'Per-position acceptance: '
     + ' '.join(_f(a) for a in r['per_position_acceptance']),
     f'Walltime (compile excluded): plain {_f(r["plain_seconds"])} s, '
-    f'speculative {_f(r["walltime"]["speculative_seconds"])} s; target '
-    f'step {_f(r["target_step_seconds"] * 1e3)} ms, draft step '
-    f'{_f(r["draft_step_seconds"] * 1e3)} ms.',
+    f'speculative {_f(r["walltime"]["speculative_seconds"])} s.',
+    _cost_line(r),
   ]
   if r['temperature'] > 0 and r['exact_algorithm']:
     lines.append(
@@ -342,7 +406,30 @@ def summary_markdown(r: dict[str, Any]) -> str:
       'same distribution, but only a draft equal to the target reproduces '
       'the plain draws token for token.'
     )
-  return '\n'.join(lines) + '\n'
+  return '\n'.join(lines + pages.summary_links(r)) + '\n'
+
+
+def _cost_line(r: dict[str, Any]) -> str:
+  """Where the table's c and v come from."""
+  t, d = r['target_step_seconds'] * 1e3, r['draft_step_seconds'] * 1e3
+  source = r.get('cost_source') or {}
+  if source.get('c') == 'loops':
+    c = (
+      f"c = draft step / target step, each a plain decode's seconds per "
+      f'loop iteration in this run (draft {_f(d, 3)} ms, target {_f(t, 3)} '
+      'ms)'
+    )
+  else:
+    c = (
+      f'c timed apart from the loops (`costs.measure`; draft step '
+      f"{_f(d, 3)} ms at this run's target step {_f(t, 3)} ms)"
+    )
+  return (
+    f'Costs: {c}; v = (seconds per target call of the speculative loop '
+    '- its draft steps) / target step, from the same timed loops. So '
+    'Exp E[tok]/(γc+v) differs from Emp only where E[tokens] (iid α) '
+    'differs from the tokens per call the run produced.'
+  )
 
 
 def _gamma(s: dict[str, Any]) -> str:
@@ -469,7 +556,7 @@ def _beam_summary(r: dict[str, Any]) -> str:
     'of a batch (plain beam search: its steps; speculative: its calls). '
     'Quality and tok/s: the best beam.',
   ]
-  return '\n'.join(lines) + '\n'
+  return '\n'.join(lines + pages.summary_links(r)) + '\n'
 
 
 def _beam_gamma(s: dict[str, Any]) -> str:
@@ -504,56 +591,3 @@ def _beam_auto_lines(r: dict[str, Any]) -> list[str]:
       f'cache file {model["path"]}.'
     )
   return lines + ['']
-
-
-def write_plots(r: dict[str, Any], output_dir: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  beam = r.get('decode_method') == 'beam'
-  hist = np.asarray(r['accepted_histogram'], np.float64)
-  g, a = r['gamma'], r['alpha']
-  n = np.arange(len(hist))
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  ax.bar(n, hist / max(hist.sum(), 1), label='measured')
-  if g != 'auto':  # The iid curve is a fixed γ's; auto mixes γs.
-    iid = np.where(n < g, a**n * (1 - a), a**g)
-    ax.plot(n, iid, 'ko--', label=f'iid α = {a:.2f}')
-  if beam:
-    ax.set_xlabel('draft depths covered per target call')
-    ax.set_ylabel('fraction of target calls')
-    ax.set_title(f'{r["task"]}, γ = {g}, {r["num_beams"]} beams')
-  else:
-    ax.set_xlabel('draft tokens accepted per iteration')
-    ax.set_ylabel('fraction of iterations')
-    ax.set_title(f'{r["task"]}, γ = {g}, temperature {r["temperature"]:g}')
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(os.path.join(output_dir, HISTOGRAM_PLOT), dpi=100)
-  plt.close(fig)
-  if r['sweep']:
-    gs = [s['gamma'] for s in r['sweep']]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    curves = [('speedup_measured', 'measured', 'o-')]
-    if not beam:  # The predictions are a chain's.
-      curves += [
-        ('speedup_predicted', 'E[tokens]/(γc+v)', 's--'),
-        ('speedup_predicted_theorem38', 'Theorem 3.8', '^:'),
-      ]
-    for key, label, style in curves:
-      ax.plot(gs, [s[key] for s in r['sweep']], style, label=label)
-    ax.axhline(1.0, color='gray', lw=0.8)
-    ax.set_xticks(gs)
-    ax.set_xlabel('γ')
-    if beam:
-      ax.set_ylabel('speedup over plain beam search')
-      ax.set_title(f'{r["task"]}, {r["num_beams"]} beams')
-    else:
-      ax.set_ylabel('speedup over plain decoding')
-      ax.set_title(f'{r["task"]}, temperature {r["temperature"]:g}')
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(output_dir, SWEEP_PLOT), dpi=100)
-    plt.close(fig)

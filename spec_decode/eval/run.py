@@ -13,9 +13,12 @@ loads or compiles. One run:
    index): plainly with the target, then speculatively with the draft, for
    each γ of the run. Each new input shape is decoded once untimed first
    (compilation), so walltimes exclude compile time (`eval/decoding.py`);
-3. measures c (draft step time / target step time) and v (target time for
-   γ + 1 tokens / for 1 token) with `costs.measure` (a drafter that is not
-   a language model is timed through `propose`);
+3. decodes every batch with the draft alone too (timed like the others),
+   so that c (draft step / target step) and v (a speculative iteration's
+   target call over a plain step) come from the run's own timed loops
+   (`report._step_costs`); a drafter that is not a language model has no
+   loop of its own, and c is then timed apart (`costs.measure`, through
+   `propose`);
 4. reports quality (BLEU or ROUGE; a seqio task's own metrics) of both
    decodes, exactness (the fraction of examples whose speculative tokens
    equal the plain ones), alpha,
@@ -39,9 +42,13 @@ Output directory (`eval/records.py`; the numbers and the report come from
   results.json           every figure (`TIMING_KEYS` mark the timing ones)
   summary.md             the Markdown report (also printed)
   examples.jsonl         one line per example: input, reference, plain and
-                         speculative outputs, acceptance counts, timings
+                         speculative outputs, acceptance counts, timings,
+                         each speculative token's provenance
+  examples.html          every example with the paper's Figure 1 colouring
+                         (`eval/pages.py`), the plots
   run_state.json         the run's settings (and auto-γ's cost models)
-  accepted_histogram.png, speedup_vs_gamma.png (sweeps)
+  accepted_histogram.png, position_acceptance.png, speedup_vs_gamma.png
+                         (sweeps), linked from summary.md
   <task>-predict.jsonl-00000-of-00001
                          as T5X's infer writes them: per example `inputs`
                          (the `*_pretokenized` features), `prediction` (the
@@ -70,6 +77,7 @@ from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
 from spec_decode.eval import hosts as hosts_lib
 from spec_decode.eval import loading
+from spec_decode.eval import pages
 from spec_decode.eval import records as records_lib
 from spec_decode.eval import report
 from spec_decode.eval import settings as settings_lib
@@ -86,7 +94,9 @@ RESULTS_FILE = records_lib.RESULTS_FILE
 SUMMARY_FILE = records_lib.SUMMARY_FILE
 EXAMPLES_FILE = records_lib.EXAMPLES_FILE
 STATE_FILE = records_lib.STATE_FILE
+PAGE_FILE = records_lib.PAGE_FILE
 HISTOGRAM_PLOT = records_lib.HISTOGRAM_PLOT
+POSITION_PLOT = records_lib.POSITION_PLOT
 SWEEP_PLOT = records_lib.SWEEP_PLOT
 TIMING_KEYS = report.TIMING_KEYS
 strip_timings = report.strip_timings
@@ -178,11 +188,20 @@ def evaluate(
     batch_done,
   )
 
-  # c and v(k) for the report's predictions; for 'auto', at the γs the
-  # policy ran (its own cost model is per loop iteration).
-  ran = hosts.share(_gammas_run(records) if auto and hosts.writer else None)
-  ks = [g + 1 for g in (ran if auto else gammas)]
-  costs = decode.costs(ks, max(ran or [1]) if auto else gammas[0])
+  # c and v for the report's predictions come from the run's own timed
+  # loops (`report.results`); a drafter that is not a language model (no
+  # loop of its own) and beam search are timed apart (`costs.measure`), for
+  # 'auto' at the γs the policy ran.
+  apart = hosts.share(
+    not all('draft_alone_seconds' in rec for rec in records)
+    if hosts.writer
+    else None
+  )
+  costs = None
+  if apart:
+    ran = hosts.share(_gammas_run(records) if auto and hosts.writer else None)
+    ks = [g + 1 for g in (ran if auto else gammas)]
+    costs = decode.costs(ks, max(ran or [1]) if auto else gammas[0])
   results = None
   if hosts.writer:
     results = report.results(
@@ -209,6 +228,7 @@ def evaluate(
     )
     summary = report.summary_markdown(results)
     records_lib.write_results(output_dir, results, summary)
+    pages.write(output_dir, results, records, data.decode)
     records_lib.write_predictions(
       output_dir, data.subtasks, data.pretokenized, records, gammas[0]
     )
@@ -281,6 +301,9 @@ def _run_batches(
       )
       plain, plain_s = decode(enc, seeds)
       specs = {g: decode(enc, seeds, g) for g in gammas}
+      alone = (
+        decode.draft_alone(enc, seeds) if decode.decodes_draft_alone else None
+      )
       if not hosts.writer:  # It lacks the other shares' text: process 0
         records.extend([None] * len(indices))  # builds the records.
         if on_batch_done is not None:
@@ -300,6 +323,9 @@ def _run_batches(
           **decoding.plain_row_record(plain, r),
           'speculative': {},
         }
+        if alone is not None:  # The draft's own decode: its step time.
+          rec['draft_alone_tokens'] = int(alone[0].lengths[r])
+          rec['draft_alone_seconds'] = alone[1] / len(indices)
         for g, (out, secs) in specs.items():
           st = out.tokens[r, : out.lengths[r]].tolist()
           row = decoding.row_spec_record(out.stats, r, st, decode.width(g))
@@ -309,6 +335,7 @@ def _run_batches(
             exact=decoding.same_output(plain, out, r),
             seconds=secs / len(indices),
             **row,
+            **decoding.row_provenance(out, r, st),
           )
           if g == gammas[0]:
             totals['beta'] += row['beta_sum']

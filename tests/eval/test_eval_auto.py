@@ -77,7 +77,7 @@ def _state(path):
 
 
 def _untimed(rec):
-  rec = dict(rec, plain_seconds=None)
+  rec = dict(rec, plain_seconds=None, draft_alone_seconds=None)
   rec['speculative'] = {
     g: dict(s, seconds=None) for g, s in rec['speculative'].items()
   }
@@ -116,9 +116,12 @@ def test_auto_run_decodes_with_the_policy_and_reports_it(
   assert r['target_calls'] == r['plain_target_calls']
   assert (r['mean_gamma'], r['draft_calls'], r['tokens_per_call']) == (0, 0, 1)
   assert sum(r['accepted_histogram']) == 0  # No drafting iteration.
-  assert set(r['v_of_k']) == {'1'}  # v(γ + 1) of the γs run.
-  # Gamma 0 predicts plain speed: E[tokens] 1 over v(1) = 1.
-  assert r['speedup_predicted'] == pytest.approx(1.0)
+  assert r['v_of_k'] == {'1': 1.0}  # An auto run's v is its mean_v.
+  assert r['cost_source'] == {'c': 'loops', 'v': 'loops'}
+  # Gamma 0 throughout, one token per call: v is the loop's seconds per
+  # call over the plain loop's, so the prediction is the measurement.
+  assert r['mean_v'] == r['v']
+  assert r['speedup_predicted'] == pytest.approx(r['speedup_measured'])
   policy = r['gamma_policy']
   assert (policy['policy'], policy['max_gamma']) == ('finish_time', 3)
   [model] = policy['cost_models']
@@ -206,7 +209,7 @@ def test_an_interrupted_auto_run_resumes_to_the_same_results(
   # The schedule is the policy's, not one γ: this cost model mixes them.
   ran = [g for g, n in enumerate(full['gamma_iterations']) if n]
   assert len(ran) >= 2
-  assert set(full['v_of_k']) == {'1'} | {str(g + 1) for g in ran}
+  assert full['v_of_k'] == {'1': 1.0}
   assert full['exact_match_fraction'] == 1.0
   assert (
     resumed['gamma_policy']['cost_models'][0]['iteration_seconds']

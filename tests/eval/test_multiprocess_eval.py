@@ -122,7 +122,7 @@ def _records(out):
   with open(os.path.join(out, eval_lib.EXAMPLES_FILE), encoding='utf-8') as f:
     recs = [json.loads(line) for line in f]
   for rec in recs:
-    rec['plain_seconds'] = None
+    rec['plain_seconds'] = rec['draft_alone_seconds'] = None
     for spec in rec['speculative'].values():
       spec['seconds'] = None
   return recs

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from spec_decode import gin_cli
+from spec_decode.core import provenance as prov
 from spec_decode.eval import cli
 from spec_decode.eval import report
 from spec_decode.eval import run as eval_lib
@@ -66,7 +67,7 @@ def _lines(path):
 
 
 def _strip_record_timings(rec):
-  rec = dict(rec, plain_seconds=None)
+  rec = dict(rec, plain_seconds=None, draft_alone_seconds=None)
   rec['speculative'] = {
     g: dict(s, seconds=None) for g, s in rec['speculative'].items()
   }
@@ -78,6 +79,7 @@ def test_smoke_run_writes_every_file_and_field(full_run):
   for name in (
     eval_lib.RESULTS_FILE, eval_lib.SUMMARY_FILE, eval_lib.EXAMPLES_FILE,
     eval_lib.STATE_FILE, eval_lib.HISTOGRAM_PLOT, eval_lib.SWEEP_PLOT,
+    eval_lib.POSITION_PLOT, eval_lib.PAGE_FILE,
   ):  # fmt: skip
     assert os.path.getsize(os.path.join(out, name)) > 0, name
   with open(os.path.join(out, eval_lib.RESULTS_FILE)) as f:
@@ -97,7 +99,14 @@ def test_smoke_run_writes_every_file_and_field(full_run):
   assert len(r['accepted_histogram']) == 3
   assert len(r['per_position_acceptance']) == 2
   assert r['draft_calls'] == 2 * r['target_calls']
-  assert r['c'] > 0 and r['v'] > 0 and r['speedup_measured'] > 0
+  # c and v from the run's loops (tiny models: loop overhead dominates, and
+  # v may come out below zero; γc + v is what the loop measured).
+  assert r['cost_source'] == {'c': 'loops', 'v': 'loops'}
+  assert r['c'] > 0 and r['iteration_cost'] > 0 and r['speedup_measured'] > 0
+  assert r['iteration_cost'] == pytest.approx(2 * r['c'] + r['v'])
+  assert r['speedup_predicted'] == pytest.approx(
+    r['expected_tokens_per_call'] / r['iteration_cost']
+  )
   assert [s['gamma'] for s in r['sweep']] == [2, 3]
   assert r['sweep'][0]['alpha'] == r['alpha']
 
@@ -110,12 +119,30 @@ def test_smoke_run_writes_every_file_and_field(full_run):
     spec = rec['speculative']['2']
     assert spec['tokens'] == rec['plain_tokens'] and spec['exact']
     assert sum(spec['accepted_histogram']) == spec['iterations']
+    # Each token's provenance: one code per token, an iteration start per
+    # iteration, accepted codes as the counts say.
+    codes = spec['provenance']
+    assert len(codes) == len(spec['tokens'])
+    assert sum(c & prov.START > 0 for c in codes) == spec['iterations']
+    accepted = sum(c & prov.KIND_MASK == prov.ACCEPTED for c in codes)
+    assert accepted == sum(spec['position_accepts'])
+    for k, token in spec['rejected']:
+      assert codes[k] & prov.KIND_MASK == prov.REPLACED
+      assert token != spec['tokens'][k]
+    assert rec['draft_alone_tokens'] >= 1
   iterations = sum(rec['speculative']['2']['iterations'] for rec in lines)
   assert sum(r['accepted_histogram']) == iterations
 
   with open(os.path.join(out, eval_lib.SUMMARY_FILE)) as f:
     summary = f.read()
   assert '| synthetic_tiny |' in summary and 'Thm 3.8' in summary
+  assert '[examples.html](examples.html)' in summary
+  assert '[position_acceptance.png](position_acceptance.png)' in summary
+  with open(os.path.join(out, eval_lib.PAGE_FILE), encoding='utf-8') as f:
+    page = f.read()
+  assert page.count('class="ex"') == 5
+  assert page.count('class="it"') == iterations + 1  # And the legend's.
+  assert 'src="speedup_vs_gamma.png"' in page
 
 
 def test_interrupted_run_resumes_to_the_same_results(models, full_run,
