@@ -2,24 +2,43 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# seqio (with TensorFlow, ~2.5 GB) runs the seqio-task tests; EXTRAS=test,hf,metrics
-# leaves it out (seqio tasks then cannot be used; tests/data/test_seqio.py skips).
+# `make demo` installs the library and the metric it reports (DEMO_EXTRAS: no
+# TensorFlow, no torch). `make test` and CI install EXTRAS: the test tools,
+# Hugging Face (torch) and seqio (with TensorFlow, ~2.5 GB: the seqio-task
+# tests; EXTRAS=test,hf,metrics leaves it out, and tests/data/test_seqio.py
+# skips). README "Install" gives both installs' size and time.
+DEMO_EXTRAS ?= metrics
 EXTRAS ?= test,hf,metrics,seqio
-# A new setup.py or another EXTRAS reinstalls.
-STAMP := $(VENV)/.installed-$(shell (cat setup.py; echo '$(EXTRAS)') | cksum | cut -d' ' -f1)
+# A new setup.py or other extras reinstall.
+stamp = $(VENV)/.installed-$(shell (cat setup.py; echo '$(1)') | cksum | cut -d' ' -f1)
+STAMP := $(call stamp,$(EXTRAS))
+DEMO_STAMP := $(call stamp,$(DEMO_EXTRAS))
 
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: install test test-slow test-accel demo demo-random bench accel-tiny accel-wheels accel-gpu lint format clean
+.PHONY: install install-demo test test-slow test-accel demo demo-random figure bench accel-tiny accel-wheels accel-gpu lint format clean
 
 install: $(STAMP)
+install-demo: $(DEMO_STAMP)
 
-$(STAMP): setup.py
+# pip_install(extras): a venv with the package (editable) and those extras.
+define pip_install
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
+	  { echo "spec_decode needs Python >= 3.10, e.g. make $(or $(MAKECMDGOALS),install) PYTHON=python3.12"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet -e '.[$(1)]'
 	$(PY) -m spec_decode.main build-kernel || echo "small-M CPU kernel not built: dense layers use jnp.dot"
+endef
+
+$(STAMP): setup.py
+	$(call pip_install,$(EXTRAS))
 	rm -f $(VENV)/.installed-*
+	touch $@ $(DEMO_STAMP)
+
+# The full install holds the demo's; a demo install leaves the full stamp.
+$(DEMO_STAMP): setup.py
+	$(call pip_install,$(DEMO_EXTRAS))
 	touch $@
 
 # `multiprocess` tests start several spec-decode processes (partitioned and
@@ -39,12 +58,25 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m "slow or multiprocess" tests
 
-# The default eval run: the committed demo pair on the offline Debian EnDe
-# task (the data is built from apt's translation lists on first use).
+# The default eval run: the committed demo pair on the first 50 examples of
+# the Debian EnDe test split, which ship in data/demo (no root, no apt).
+DEMO_OUT := eval_results/demo_debian_ende
+# The whole Debian data (`spec-decode data build --out_dir $(DATA_DIR) --fetch`,
+# root and apt): training and longer runs (--gin.DATA_DIR=None reads it).
 DATA_DIR ?= data/debian
-demo: install
-	test -f $(DATA_DIR)/manifest.json || $(PY) -m spec_decode.main data build --out_dir $(DATA_DIR) --fetch
-	$(PY) -m spec_decode.main eval
+demo: install-demo
+	$(PY) -m spec_decode.main eval --output_dir $(DEMO_OUT)
+	@echo "Figure 1 for every example: $(DEMO_OUT)/examples.html"
+
+# The README's picture (docs/figure1_demo.png): the top of the demo's
+# examples.html in headless Chromium, reduced to 64 colours (after `make demo`).
+FIGURE := docs/figure1_demo.png
+CHROMIUM ?= chromium
+figure:
+	$(CHROMIUM) --headless --no-sandbox --disable-gpu --hide-scrollbars \
+	  --window-size=960,520 --screenshot=$(CURDIR)/$(FIGURE) \
+	  file://$(CURDIR)/$(DEMO_OUT)/examples.html
+	$(PY) -c "from PIL import Image; Image.open('$(FIGURE)').convert('RGB').quantize(64).save('$(FIGURE)', optimize=True)"
 
 # Mechanics only, on random tiny models (no data, no checkpoints).
 demo-random: install

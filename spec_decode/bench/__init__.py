@@ -14,6 +14,7 @@ never asserted by a unit test.
   peer.py             our decoding against Hugging Face transformers
   load.py             load time and peak memory of each checkpoint format
   memory.py           bytes per device, measured against the capacity plan
+  provenance.py       the loop with and without tokens' provenance (its cost)
   accel/              the accelerator bench (`bench accel`), in a budget
   beam/               speculative against plain beam search
   drafts/             drafts: their dtype, every drafter, hierarchical, trees

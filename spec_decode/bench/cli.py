@@ -65,6 +65,10 @@ BENCHMARKS = {
     'spec_decode.bench.beam.search',
     'plain vs speculative beam search: wall time and steps per target call',
   ),
+  'provenance': (
+    'spec_decode.bench.provenance',
+    "the loop with and without each token's provenance, side by side",
+  ),
 }
 
 

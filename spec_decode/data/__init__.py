@@ -7,6 +7,7 @@ Nothing here imports seqio or TensorFlow until a seqio or TFDS task is used.
   seqio_tasks.py    our TFDS and Debian tasks registered in seqio
   quality.py        BLEU and ROUGE as T5 computes them
   debian.py         EnDe and summarization from Debian's package descriptions
+  demo_slice.py     the demo's evaluation data (data/demo): a slice, manifest
   gettext_pairs.py  English-German pairs from installed gettext catalogues
   spm_trainer.py    trains the demo sentencepiece vocabulary
   cli.py            `spec-decode data`: `build` and `vocab`

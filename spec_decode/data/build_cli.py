@@ -1,11 +1,14 @@
 """`spec-decode data build`: the Debian EnDe and summarize splits.
 
   spec-decode data build --out_dir data/debian [--fetch] [--no_gettext]
+      [--demo_slice data/demo]
 
 Builds `spec_decode.data.debian`'s splits from apt's package descriptions
 and, for the EnDe train split, the installed German gettext catalogues
 (`spec_decode.data.gettext_pairs`), and prints how many pairs each source
-gave.
+gave. `--demo_slice DIR` then writes the demo's evaluation data (the first
+rows of the EnDe test split, with a manifest) into DIR
+(`spec_decode.data.demo_slice`; the repository ships it as `data/demo`).
 """
 
 import argparse
@@ -13,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from spec_decode.data import debian
+from spec_decode.data import demo_slice
 from spec_decode.data import gettext_pairs
 
 
@@ -45,6 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     action='store_true',
     help='use the package descriptions alone',
   )
+  parser.add_argument(
+    '--demo_slice',
+    default=None,
+    help='also write the demo evaluation data (the first rows of the ende '
+    'test split and a manifest) into this directory, e.g. data/demo',
+  )
+  parser.add_argument(
+    '--demo_examples', type=int, default=demo_slice.DEFAULT_EXAMPLES
+  )
   args = parser.parse_args(argv)
   catalogues = (
     []
@@ -72,4 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     f'catalogues ({mo["pairs"]} usable of {mo["messages"]} messages; '
     f'{len(mo["unreadable"])} unreadable)'
   )
+  if args.demo_slice:
+    sliced = demo_slice.write(
+      args.out_dir, args.demo_slice, examples=args.demo_examples
+    )
+    print(
+      f'wrote {args.demo_slice}: the first {sliced["rows"]} of '
+      f'{sliced["rows_in_split"]} ende test rows'
+    )
   return 0

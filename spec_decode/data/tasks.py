@@ -32,6 +32,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 
+from spec_decode import paths
 from spec_decode.data import debian
 from spec_decode.data import quality as metrics_lib
 
@@ -103,8 +104,10 @@ def tsv_reader(subdir: str, data_dir: str | None = None) -> SplitReader:
 
   Args:
     subdir: the task's directory inside the data directory.
-    data_dir: the data directory; None resolves
-      `debian.default_data_dir()` when a split is read.
+    data_dir: the data directory (a relative one not found from the
+      working directory is looked up in the repository, `paths.resolve`:
+      the demo's `data/demo`); None resolves `debian.default_data_dir()`
+      when a split is read.
 
   Returns:
     The split reader; it raises FileNotFoundError with the build command if
@@ -112,7 +115,7 @@ def tsv_reader(subdir: str, data_dir: str | None = None) -> SplitReader:
   """
 
   def read(split: str) -> Iterator[tuple[str, str]]:
-    root = data_dir or debian.default_data_dir()
+    root = paths.resolve(data_dir) if data_dir else debian.default_data_dir()
     path = os.path.join(root, subdir, f'{split}.tsv')
     if not os.path.exists(path):
       build = debian.BUILD_COMMAND.format(out_dir=root)
