@@ -10,6 +10,7 @@ Nothing here imports seqio or TensorFlow until a seqio or TFDS task is used.
   demo_slice.py     the demo's evaluation data (data/demo): a slice, manifest
   gettext_pairs.py  English-German pairs from installed gettext catalogues
   spm_trainer.py    trains the demo sentencepiece vocabulary
-  cli.py            `spec-decode data`: `build` and `vocab`
+  pack.py           the splits a GPU training job needs, as one .tar.xz
+  cli.py            `spec-decode data`: `build`, `vocab` and `pack`
   build_cli.py      `spec-decode data build`: the Debian splits
 """

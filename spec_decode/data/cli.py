@@ -2,10 +2,13 @@
 
   spec-decode data build --out_dir data/debian [--fetch] [--lists_dir DIR]
   spec-decode data vocab --data_dir data/debian --output runs/demo/spiece.model
+  spec-decode data pack --data_dir data/debian --out .gpu/demo_train.tar.xz
 
 `build` turns apt's English and German package descriptions into the
 `ende` and `summarize` TSV splits (`data.debian`); `vocab` trains the demo
-sentencepiece vocabulary on their train splits (`data.spm_trainer`).
+sentencepiece vocabulary on their train splits (`data.spm_trainer`);
+`pack` compresses the splits a GPU training job needs into one file that
+travels with the repository (`data.pack`).
 `spec-decode data COMMAND --help` gives a command's flags.
 """
 
@@ -24,6 +27,10 @@ COMMANDS = {
   'vocab': (
     'spec_decode.data.spm_trainer',
     'train the demo sentencepiece vocabulary on the Debian train splits',
+  ),
+  'pack': (
+    'spec_decode.data.pack',
+    'pack the train and validation splits into one .tar.xz for a GPU job',
   ),
 }
 

@@ -22,9 +22,17 @@ Flags:
   --model_dir DIR      the output directory (sets the MODEL_DIR macro).
 
 The parsed config is written to `<model_dir>/config.gin`.
+
+Two commands that are not one gin-configured run:
+
+  spec-decode train pair --out_dir DIR [--tiny]   the demo pair on a GPU in
+                                                  one go (`pair_job.py`)
+  spec-decode train pair-unpack --from_dir DIR    its models reassembled
+                                                  (`parts.py`)
 """
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -34,6 +42,11 @@ from spec_decode.train import lm
 
 CONFIG_FILE = 'config.gin'
 _PROG = 'spec-decode train'
+# `spec-decode train NAME ...` -> the module whose `main(argv)` runs it.
+_COMMANDS = {
+  'pair': 'spec_decode.train.pair_job',
+  'pair-unpack': 'spec_decode.train.parts',
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
   """Parses flags and gin files, trains; returns an exit code."""
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in _COMMANDS:
+    return int(importlib.import_module(_COMMANDS[argv[0]]).main(argv[1:]))
   parser = _parser()
   try:
     flag_bindings, rest = gin_cli.split_flags(argv)

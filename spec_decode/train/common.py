@@ -381,6 +381,9 @@ class LoopSettings:
     max_minutes: wall-clock budget of the loop (None: none); on expiry it
       checkpoints and stops (rerun to continue).
     progress: show the tqdm bar.
+    deadline: a `time.time()` at which the loop stops as on `max_minutes`
+      (None: none; whichever comes first): for a driver that gives several
+      runs one budget and must see each run's model exported in time.
   """
 
   train_steps: int
@@ -390,6 +393,7 @@ class LoopSettings:
   log_every: int
   max_minutes: float | None
   progress: bool
+  deadline: float | None = None
 
 
 @dataclasses.dataclass
@@ -399,7 +403,7 @@ class LoopResult:
   Attributes:
     state: the last `TrainState` (checkpointed).
     stopped: `done`, `interrupted` (Ctrl-C / SIGTERM) or `time`
-      (`max_minutes`).
+      (`max_minutes` or `deadline`).
     train_loss: mean training loss of the last logged steps (None if none
       were logged).
     validation: the last `validate` fields, of the final state.
@@ -457,6 +461,9 @@ def train_loop(
   deadline = (
     (time.monotonic() + 60.0 * s.max_minutes) if s.max_minutes else None
   )
+  if s.deadline is not None:  # Wall clock -> monotonic, the earlier wins.
+    at = time.monotonic() + s.deadline - time.time()
+    deadline = at if deadline is None else min(deadline, at)
   stopped = 'done'
   last_loss = last_val = last_val_step = None
   bar = tqdm.tqdm(
@@ -508,9 +515,14 @@ def train_loop(
         if step % s.checkpoint_every == 0:
           save_checkpoint(manager, state)
         if deadline is not None and time.monotonic() > deadline:
+          budget = (
+            f'max_minutes={s.max_minutes}'
+            if s.deadline is None or s.deadline > time.time()
+            else 'the deadline'
+          )
           print(
-            f'\n{name}: max_minutes={s.max_minutes} reached at step '
-            f'{step}; checkpointing (rerun to continue)',
+            f'\n{name}: {budget} reached at step {step}; checkpointing '
+            '(rerun to continue)',
             flush=True,
           )
           stopped = 'time'

@@ -268,6 +268,8 @@ class HeadsTrainSettings:
     log_every: steps between log records and bar updates.
     max_minutes: wall-clock budget of the training loop; on expiry the run
       checkpoints and exits (rerun to continue).
+    deadline: a `time.time()` at which the loop stops as on `max_minutes`
+      (whichever comes first).
     seed: data order and (unused by the identity init) head init seed.
     progress: show tqdm bars.
   """
@@ -298,6 +300,7 @@ class HeadsTrainSettings:
   keep_checkpoints: int = 2
   log_every: int = 10
   max_minutes: float | None = None
+  deadline: float | None = None
   seed: int = 0
   progress: bool = True
 

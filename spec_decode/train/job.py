@@ -5,7 +5,8 @@ Each job takes one frozen settings dataclass (`lm.TrainSettings`,
 `model_dir`; the optimizer's `learning_rate`, `train_steps`,
 `warmup_steps`, `final_lr_fraction`, `weight_decay` and `clip_norm`; the
 loop's `eval_every`, `checkpoint_every`, `keep_checkpoints`, `log_every`,
-`max_minutes` and `progress` (`common.LoopSettings`). This module:
+`max_minutes`, `deadline` and `progress` (`common.LoopSettings`). This
+module:
 
 * gives a job's keyword entry point (`lm.train(**kwargs)`, which gin
   binds) its settings class's signature (`signature_of`), so gin checks
@@ -42,11 +43,15 @@ def signature_of(settings_cls: type, returns: Any) -> inspect.Signature:
 
 
 def loop_settings(settings: Any) -> common.LoopSettings:
-  """The `common.LoopSettings` fields of a job's settings (same names)."""
+  """The `common.LoopSettings` fields of a job's settings (same names).
+
+  A field with a default (`deadline`) may be missing from `settings`.
+  """
   return common.LoopSettings(
     **{
       f.name: getattr(settings, f.name)
       for f in dataclasses.fields(common.LoopSettings)
+      if f.default is dataclasses.MISSING or hasattr(settings, f.name)
     }
   )
 

@@ -234,6 +234,9 @@ class TrainSettings:
     log_every: steps between log records and bar updates.
     max_minutes: wall-clock budget of this invocation; on expiry the run
       checkpoints and exits (rerun to continue).
+    deadline: a `time.time()` at which the loop stops as on `max_minutes`
+      (whichever comes first): for a driver with one budget for several
+      runs (`spec-decode train pair`).
     save_dtype: storage dtype of the exported model's parameters.
     train_examples: use only the first N training examples.
     seed: initialization, data order and dropout seed.
@@ -265,6 +268,7 @@ class TrainSettings:
   keep_checkpoints: int = 2
   log_every: int = 10
   max_minutes: float | None = None
+  deadline: float | None = None
   save_dtype: Any = 'float32'
   train_examples: int | None = None
   seed: int = 0

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import time
 
 import jax
 import numpy as np
@@ -311,6 +312,40 @@ def test_train_loop_checkpoints_on_sigterm_and_on_the_time_budget(tmp_path):
   assert (timed.stopped, int(timed.state.step)) == ('time', 4)
   assert timed.train_loss == _log(model_dir)[-2]['loss']
   assert int(init()[0].step) == 4
+
+
+def test_train_loop_stops_at_the_deadline_and_checkpoints(tmp_path, capsys):
+  model_dir = str(tmp_path)
+  optimizer = common.make_optimizer(0.1, 10, 2)
+  state, _ = common.init_or_restore(
+    model_dir, lambda: {'w': np.zeros(3, np.float32)}, optimizer
+  )
+
+  def step(state, target):
+    return common.apply_gradients(
+      state, optimizer, lambda p: (jax.numpy.sum((p['w'] - target) ** 2), {})
+    )
+
+  # A past deadline: one step, then the loop stops as on max_minutes.
+  settings = common.LoopSettings(
+    10, 0, 100, 2, 1, 60.0, False, deadline=time.time() - 1.0
+  )
+  result = common.train_loop(
+    state,
+    lambda s: s,
+    step,
+    lambda params: {'w0': float(params['w'][0])},
+    model_dir,
+    settings,
+    log_fields=lambda aux: {},
+    postfix=lambda record, validation: {},
+  )
+  assert (result.stopped, int(result.state.step)) == ('time', 1)
+  assert 'the deadline reached at step 1' in capsys.readouterr().out
+  restored, resumed = common.init_or_restore(
+    model_dir, lambda: {'w': np.zeros(3, np.float32)}, optimizer
+  )
+  assert resumed and int(restored.step) == 1
 
 
 def _random_teacher(path, vocab_file, **overrides):

@@ -42,6 +42,7 @@ LM_DEFAULTS = dict(
   keep_checkpoints=2,
   log_every=10,
   max_minutes=None,
+  deadline=None,
   save_dtype='float32',
   train_examples=None,
   seed=0,
@@ -72,6 +73,7 @@ HEADS_DEFAULTS = dict(
   keep_checkpoints=2,
   log_every=10,
   max_minutes=None,
+  deadline=None,
   seed=0,
   progress=True,
 )
