@@ -14,9 +14,9 @@ from conftest import encoder_batch
 from conftest import perturbed
 from conftest import sharpened
 from conftest import tiny_config
-from test_spec_beam import ENC
-from test_spec_beam import RowTableLM
-from test_spec_beam import _tables
+from test_speculative import ENC
+from test_speculative import RowTableLM
+from test_speculative import _tables
 
 import spec_decode as sd
 from spec_decode.beam import costs as beam_costs

@@ -2,8 +2,8 @@
 
 import struct
 
-from test_debian_data import _read_rows
-from test_debian_data import write_fixture
+from test_debian import _read_rows
+from test_debian import write_fixture
 
 from spec_decode import main as spec_decode_main
 from spec_decode.data import debian

@@ -23,6 +23,7 @@ import pytest
 from _distribution_util import ENC
 from _distribution_util import FALSE_ALARM
 from _distribution_util import N
+from _distribution_util import ResidualDroppingVerifier
 from _distribution_util import V
 from _distribution_util import exact_probs
 from _distribution_util import g_test
@@ -31,7 +32,6 @@ from _distribution_util import target_model
 from conftest import encoder_batch
 from conftest import perturbed
 from conftest import tiny_config
-from test_distribution import ResidualDroppingVerifier
 
 import spec_decode as sd
 from spec_decode.core import drafter
