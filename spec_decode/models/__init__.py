@@ -2,6 +2,8 @@
 weights, loading and saving) and `TableLM` (an n-gram table).
 
   t5_model.py  `Model`: a T5 network with its weights (pytree), load, save
+  packing.py   the decoder's weights packed for the CPU kernel, or rounded
+               to bfloat16 for drafting
   table_lm.py  `TableLM`: next-token logits from a [V, V] table
 """
 

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import checkpoints
+from spec_decode.models.packing import pack_decoder
+from spec_decode.models.packing import rounded_for_drafting
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import PAD_ID
@@ -96,6 +98,14 @@ class Model:
     # Packed here by default (not by an explicit `pack_for_cpu`): drafting
     # may then repack in bfloat16 (`for_drafting`).
     self._default_packing = default_packing
+    # Sharded where an unsharded model would have been packed by default:
+    # drafting rounds the same weights (`for_drafting`).
+    self._sharded_on_kernel = (
+      packed is None
+      and partitioner is not None
+      and cpu_kernel_enabled(config)
+      and _concrete(params)
+    )
     self._drafting_copy = None
 
   # -- pytree ---------------------------------------------------------------
@@ -264,22 +274,40 @@ class Model:
     """The copy of this model that proposes when it is a draft.
 
     Where the CPU kernel packed this model's decoder in float32 by default,
-    the copy packs it in bfloat16: a draft step reads half the bytes, which
-    on a CPU halves it at small batches (the bench draft: 2.4 -> 1.4 ms at
-    batch 1, 3.3 -> 2.2 ms at 8, equal at 32). The proposals can differ by
-    rounding; exactness does not depend on them, since the target checks
-    every token. Otherwise (no kernel, sharded, bfloat16 weights, or packed
-    by an explicit `pack_for_cpu`, e.g. `pack_for_cpu(jnp.float32)` to
-    draft in float32) the model itself. Built once per model.
+    the copy drafts with the weights a decoder step multiplies by (those
+    `pack_decoder` packs) rounded to bfloat16: unsharded, packed in
+    bfloat16 for the kernel, so a draft step reads half the bytes, which on
+    a CPU halves it at small batches (the bench draft: 2.4 -> 1.4 ms at
+    batch 1, 3.3 -> 2.2 ms at 8, equal at 32); sharded (never packed), the
+    same rounded weights in their shards, so that a draft proposes the same
+    tokens on any mesh and a seed gives the same sample sharded or not. The
+    proposals can differ from the float32 model's by rounding; exactness
+    does not depend on them, since the target checks every token. Otherwise
+    (no kernel, bfloat16 weights, or packed by an explicit `pack_for_cpu`,
+    e.g. `pack_for_cpu(jnp.float32)` to draft in float32) the model itself.
+    Built once per model.
     """
-    if (
-      not getattr(self, '_default_packing', False)
-      or _packed_dtype(self.packed) != jnp.float32
-    ):
+    if getattr(self, '_drafting_copy', None) is not None:
+      return self._drafting_copy
+    unsharded = getattr(self, '_default_packing', False) and (
+      _packed_dtype(self.packed) == jnp.float32
+    )
+    if not unsharded and not getattr(self, '_sharded_on_kernel', False):
       return self
-    if self._drafting_copy is None:
-      self._drafting_copy = self.pack_for_cpu(jnp.bfloat16)
-    return self._drafting_copy
+    params = rounded_for_drafting(self.config, self.params)
+    if unsharded:
+      copy = Model(
+        self.config,
+        params,
+        self.vocabulary,
+        packed=pack_decoder(self.config, params, jnp.bfloat16),
+      )
+    else:
+      copy = Model(
+        self.config, params, self.vocabulary, partitioner=self.partitioner
+      )
+    self._drafting_copy = copy._drafting_copy = copy
+    return copy
 
   def unpacked(self) -> 'Model':
     """This model without packed weights: decoding uses `jnp.dot`."""
@@ -466,68 +494,6 @@ def _concrete(params: Any) -> bool:
     and not isinstance(x, jax.core.Tracer)
     for x in leaves
   )
-
-
-# Decoder weights `score` multiplies by, per layer (cross-attention keys and
-# values are projected once per input, from many rows: not packed).
-_DECODE_DENSE = (
-  ('self_attention', 'query'),
-  ('self_attention', 'key'),
-  ('self_attention', 'value'),
-  ('self_attention', 'out'),
-  ('encoder_decoder_attention', 'query'),
-  ('encoder_decoder_attention', 'out'),
-)
-
-
-def pack_decoder(config: T5Config, params: Any, dtype: Any = None) -> Any:
-  """The decoder's weights in the small-K kernel's layout.
-
-  Args:
-    config: the model's config.
-    params: its canonical parameter tree.
-    dtype: float32 or bfloat16; default: bfloat16 if `config.param_dtype`
-      is, else float32.
-
-  Returns:
-    A tree for the Flax collection `'packed'`, nested like `params`: a
-    `kernels.ops.Packed` under `kernel` for every dense layer a decoder step
-    uses, and the transposed embedding under `token_embedder/attend` when
-    the logits are tied to it.
-  """
-  from spec_decode.kernels import ops  # pylint: disable=g-import-not-at-top
-
-  if dtype is None:
-    dtype = (
-      jnp.bfloat16
-      if jnp.dtype(config.param_dtype) == jnp.bfloat16
-      else jnp.float32
-    )
-
-  def pack(w):
-    return ops.pack(np.asarray(w), dtype)
-
-  dec = params['decoder']
-  packed_dec = {}
-  for i in range(config.num_decoder_layers):
-    layer = dec[f'layers_{i}']
-    out = {}
-    for block, name in _DECODE_DENSE:
-      out.setdefault(block, {})[name] = {
-        'kernel': pack(layer[block][name]['kernel'])
-      }
-    out['mlp'] = {
-      name: {'kernel': pack(sub['kernel'])}
-      for name, sub in layer['mlp'].items()
-    }
-    packed_dec[f'layers_{i}'] = out
-  packed = {'decoder': packed_dec}
-  if config.logits_via_embedding:
-    emb = np.asarray(params['token_embedder']['embedding'])
-    packed['token_embedder'] = {'attend': pack(emb.T)}
-  else:
-    packed_dec['logits_dense'] = {'kernel': pack(dec['logits_dense']['kernel'])}
-  return packed
 
 
 def _init_params(

@@ -20,6 +20,7 @@ from conftest import tiny_config
 
 import spec_decode as sd
 from spec_decode.kernels import ops
+from spec_decode.models import packing
 from spec_decode.models import t5_model
 from spec_decode.t5 import network
 
@@ -323,7 +324,25 @@ def test_a_draft_proposes_with_bfloat16_packed_weights(
   assert _packed_dtypes(draft) == {jnp.dtype(jnp.float32)}
   copy = draft.for_drafting()
   assert _packed_dtypes(copy) == {jnp.dtype(jnp.bfloat16)}
-  assert copy.params is draft.params
+  # Its parameters: the packed weights rounded as packed (what a sharded
+  # copy multiplies by), the rest the draft's own arrays.
+  rounded = packing.rounded_for_drafting(draft.config, draft.params)
+  for a, b, c in zip(
+    jax.tree.leaves(copy.params),
+    jax.tree.leaves(rounded),
+    jax.tree.leaves(draft.params),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert a is c or a.dtype == c.dtype and not np.array_equal(a, c)
+  np.testing.assert_array_equal(
+    np.asarray(copy.packed['decoder']['logits_dense']['kernel'].data),
+    np.asarray(
+      draft.pack_for_cpu(jnp.bfloat16)
+      .packed['decoder']['logits_dense']['kernel']
+      .data
+    ),
+  )
   assert draft.for_drafting() is copy
   plain = sd.generate(target, inputs, max_decode_len=MAX_LEN)
   out = sd.generate(
