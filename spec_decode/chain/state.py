@@ -45,8 +45,10 @@ class SpecState(PlainState):
     draft: the drafter's state (a language model's decode state, a
       drafter's own state, or None for a stateless drafter).
     counters: the speculative statistics, `G` positions wide.
-    features: `[B, D] float32` target hidden state that predicted the
-      newest token, for drafters that read target features (else None).
+    features: `[B, K, D] float32` the target's hidden states at inputs
+      n-K..n-1 (the last predicted the newest token) for drafters that read
+      target features, K = G + 1 for those that read recent features, else
+      1 (`core.drafter.feature_window`); None for the others.
     provenance: where each output token came from
       (`core.provenance.Record`, the inputs' layout); None when
       `settings.provenance` is off.

@@ -43,7 +43,8 @@ class Iteration:
     row_keys: `[B]` PRNG keys.
     settings: the decode's static settings (`gamma` is G, the largest).
     with_features: the drafter reads the target's features (the target
-      then scores with them).
+      then scores with them; the state keeps them in a window,
+      `core.drafter.feature_window`).
   """
 
   target: LanguageModel
@@ -77,12 +78,10 @@ class Iteration:
     """The fixed-gamma loop's first state (`with_gammas`: count gammas)."""
     enc, settings = self.encoder_tokens, self.settings
     batch = enc.shape[0]
-    features = None
-    if self.with_features:
-      size = (
-        getattr(self.target, 'feature_size', None) or self.target.config.emb_dim
-      )
-      features = jnp.zeros((batch, size), jnp.float32)
+    # The window of the inputs one iteration can commit (G + 1).
+    features = drafter.feature_window(
+      self.proposer, self.target, batch, settings.gamma + 1
+    )
     start = state_lib.init_plain(self.target, enc, settings)
     return state_lib.SpecState(
       **state_lib.shared_fields(start),
@@ -118,7 +117,7 @@ class Iteration:
       keys=sampling.position_keys(
         row_keys, positions[:, :g], verified_block.SAMPLE
       ),
-      target_features=state.features,
+      **drafter.context_reads(self.proposer, state.features, state.target),
     )
     proposal, ds = self.proposer.propose(
       state.draft, context, dataclasses.replace(settings, gamma=g)
@@ -173,8 +172,11 @@ class Iteration:
       proposed=c.proposed + num * act,
     )
     if self.with_features:
-      # The hidden after input n_new - 1 predicted the token just emitted.
-      features = features[jnp.arange(batch), a]
+      # The hidden state after input t predicted output token t + 1: the
+      # window moves on by the inputs this iteration committed.
+      features = drafter.slide_features(
+        state.features, features, length - state.length
+      )
     return state.replace(
       inputs=inputs,
       length=length,
@@ -192,6 +194,10 @@ class Iteration:
     new, features = plain.target_step(
       self.target, state, self.row_keys, self.settings, self.with_features
     )
+    if features is not None:
+      features = drafter.slide_features(
+        state.features, features[:, None], new.length - state.length
+      )
     c = state.counters
     record = state.provenance
     if record is not None:

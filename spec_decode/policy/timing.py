@@ -153,8 +153,14 @@ def propose_time(
   feature_size: int = 0,
   prefix: int = 16,
   calls: int = 16,
+  target: Any = None,
 ) -> float:
-  """Median time of one in-loop `propose` call (G tokens per row)."""
+  """Median time of one in-loop `propose` call (G tokens per row).
+
+  `target` gives a drafter that reads the target's state or recent
+  features (`core.drafter`) a decode state holding `prefix` inputs and a
+  zero feature window; else it gets zero features of `feature_size`.
+  """
   g = settings.gamma
   enc = jnp.full((batch, 16), 5, jnp.int32)
   length = prefix + g + 2
@@ -162,16 +168,27 @@ def propose_time(
   inputs = jnp.broadcast_to(inputs.at[:, 0].set(0), (batch, length))
   n = jnp.full((batch,), prefix, jnp.int32)
   keys = jax.random.split(jax.random.key(0), batch)
+  if target is not None:
+    tstate = target.score(target.init_state(enc, length), inputs[:, :prefix])
+    reads = drafter_base.context_reads(
+      drafter,
+      drafter_base.feature_window(drafter, target, batch, g + 1),
+      tstate[1],
+    )
+  else:
+    reads = {
+      'target_features': (
+        jnp.zeros((batch, feature_size), jnp.float32)
+        if getattr(drafter, 'uses_target_features', False)
+        else None
+      )
+    }
   context = drafter_base.DraftContext(
     inputs=inputs,
     length=n,
     encoder_tokens=enc,
     keys=sampling.position_keys(keys, n[:, None] + 1 + jnp.arange(g), 0),
-    target_features=(
-      jnp.zeros((batch, feature_size), jnp.float32)
-      if getattr(drafter, 'uses_target_features', False)
-      else None
-    ),
+    **reads,
   )
   state = drafter.init_draft(enc, length)
   return (
@@ -212,7 +229,10 @@ def measure(
     if settings is None:
       raise ValueError('timing a drafter needs the decode settings')
     size = getattr(getattr(target, 'config', None), 'emb_dim', 0)
-    d = propose_time(draft, settings, repeats, batch, size) / settings.gamma
+    d = (
+      propose_time(draft, settings, repeats, batch, size, target=target)
+      / settings.gamma
+    )
   else:
     d = step_times(draft, (1,), repeats, batch=batch)[1]
   return {

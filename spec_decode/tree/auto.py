@@ -185,7 +185,11 @@ def iteration_seconds(
       keys=jax.random.split(jax.random.key(1), batch * shape.depth).reshape(
         batch, shape.depth
       ),
-      target_features=_features(proposer, target, batch),
+      **drafter_lib.context_reads(
+        proposer,
+        drafter_lib.feature_window(proposer, target, batch, shape.depth + 1),
+        tgt,
+      ),
     )
     run = functools.partial(
       _repeated_iterations,
@@ -200,13 +204,6 @@ def iteration_seconds(
     )
     out[branching] = timing.median_time(run, _REPEATS) / _CALLS
   return out
-
-
-def _features(proposer, target, batch):
-  if not getattr(proposer, 'uses_target_features', False):
-    return None
-  size = getattr(target, 'feature_size', None) or target.config.emb_dim
-  return jnp.zeros((batch, size), jnp.float32)
 
 
 def fit_costs(seconds: dict[tuple, float]) -> tuple[float, float, float]:

@@ -92,8 +92,10 @@ class TreeLoopState:
     target: the target's decode state.
     draft: the drafter's state.
     counters: `TreeCounters`.
-    features: `[B, D_model] float32` the target's hidden state that
-      predicted the newest token (drafters with target features), or None.
+    features: `[B, K, D_model] float32` the target's hidden states at
+      inputs n-K..n-1 (the last predicted the newest token) for drafters
+      with target features: K = the deepest tree + 1 for drafters that read
+      recent features, else 1 (`core.drafter.feature_window`); or None.
   """
 
   inputs: jax.Array
@@ -158,10 +160,8 @@ def start(
   batch = encoder_tokens.shape[0]
   proposer = model_drafter.as_drafter(draft)
   cache_len = settings.max_decode_len + num_nodes + 2
-  features = None
-  if getattr(proposer, 'uses_target_features', False):
-    size = getattr(target, 'feature_size', None) or target.config.emb_dim
-    features = jnp.zeros((batch, size), jnp.float32)
+  # The window of the inputs one iteration can commit (depth + 1).
+  features = drafter.feature_window(proposer, target, batch, depth + 1)
   return TreeLoopState(
     inputs=jnp.full(
       (batch, settings.max_decode_len + depth + 2), PAD_ID, jnp.int32
@@ -230,7 +230,7 @@ def iterate(
       keys=sampling.position_keys(
         row_keys, n[:, None] + 1 + jnp.arange(d)[None], verified_block.SAMPLE
       ),
-      target_features=state.features,
+      **drafter.context_reads(proposer, state.features, state.target),
     )
     proposal, ds = proposer.propose_tree(state.draft, context, settings, shape)
     root = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
@@ -266,9 +266,12 @@ def iterate(
     )
     features = state.features
     if with_features:
-      # The hidden state at the last accepted node predicted the token
-      # just emitted.
-      features = feats[rows, result.node]
+      # The hidden state at each node of the accepted path (the root
+      # first) predicted the token after it: the window moves on by the
+      # inputs this iteration committed.
+      features = drafter.slide_features(
+        features, feats[rows[:, None], result.path], length - n
+      )
     return state.replace(
       inputs=inputs,
       length=length,
