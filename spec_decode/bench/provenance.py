@@ -1,18 +1,19 @@
 """What recording each token's provenance costs: the same loop with and
 without it, side by side in one process.
 
-  spec-decode bench provenance [--num_examples 20] [--rounds 7] [--gamma 4]
+  spec-decode bench provenance [--num_examples 20] [--rounds 5] [--gamma 4]
       [--target checkpoints/demo/target] [--draft checkpoints/demo/draft_seqkd]
       [--data_dir data/demo] [--out bench_provenance.json]
 
 The demo pair decodes the first examples of the demo's Debian EnDe slice
 one at a time (batch 1, greedy, as `make demo`), in the fixed-γ loop with
-`DecodeSettings.provenance` on and off (two compiled programs). Every round
-times one pass over the examples with each, in alternating order, so that
-a load spike hits both alike; the outputs are fetched to the host each
-time, so the provenance's transfer is in the timing. Reported: each
-setting's median pass, the ratio of the medians (on / off) and the spread
-of the rounds' paired ratios (the noise the ratio must stand out of).
+`DecodeSettings.provenance` on and off (two compiled programs). Each
+example is decoded with both back to back, in alternating order, in every
+round, so that a load spike hits both sides of a pair alike; the outputs
+are fetched to the host each time, so the provenance's transfer is in the
+timing. Reported: the seconds of all decodes with each setting, their
+ratio (on / off), and the median of the pairs' ratios (robust to a load
+spike in one decode), each with a 95% bootstrap interval over the pairs.
 """
 
 import argparse
@@ -32,42 +33,64 @@ from spec_decode.data import tasks
 TASK = 'debian_ende'
 
 
-def _pass(target, draft, encs, settings) -> float:
-  """Seconds to decode every row of `encs` (one program call each)."""
+def _decode(target, draft, enc, key_seed, settings) -> float:
+  """Seconds to decode `enc` (one program call, outputs on the host)."""
+  keys = inputs.row_keys(key_seed, enc.shape[0])
   t0 = time.perf_counter()
-  for i, enc in enumerate(encs):
-    keys = inputs.row_keys(i, 1)
-    jax.device_get(
-      loops.speculative_decode_jit(target, draft, enc, keys, settings=settings)
-    )
+  jax.device_get(
+    loops.speculative_decode_jit(target, draft, enc, keys, settings=settings)
+  )
   return time.perf_counter() - t0
 
 
-def measure(target, draft, encs, settings, rounds: int) -> dict:
-  """Median seconds per pass with provenance on and off, and their ratio."""
+def measure(target, draft, encs, settings, rounds: int, seed: int = 0) -> dict:
+  """Seconds with provenance on and off, paired decode by decode.
+
+  Every example is decoded with both settings back to back, in alternating
+  order, `rounds` times over the examples: a pair shares the machine's
+  load, so the pairs' ratios (on / off) hold the cost, and their spread the
+  noise. Returns the totals, their ratio and the median pair ratio, each
+  ratio with a 95% bootstrap interval over the pairs.
+  """
   on = dataclasses.replace(settings, provenance=True)
   off = dataclasses.replace(settings, provenance=False)
-  for s in (on, off):  # Compile every input shape.
-    _pass(target, draft, encs, s)
-  times = {'on': [], 'off': []}
+  for i, enc in enumerate(encs):  # Compile every input shape.
+    for s in (on, off):
+      _decode(target, draft, enc, i, s)
+  pairs = []
   for r in range(rounds):
-    order = (('on', on), ('off', off))
-    for name, s in order if r % 2 == 0 else order[::-1]:
-      times[name].append(_pass(target, draft, encs, s))
-  paired = [a / b for a, b in zip(times['on'], times['off'], strict=True)]
-  med_on, med_off = (
-    statistics.median(times['on']),
-    statistics.median(times['off']),
-  )
+    for i, enc in enumerate(encs):
+      if (r + i) % 2:
+        b, a = (
+          _decode(target, draft, enc, i, off),
+          _decode(target, draft, enc, i, on),
+        )
+      else:
+        a, b = (
+          _decode(target, draft, enc, i, on),
+          _decode(target, draft, enc, i, off),
+        )
+      pairs.append((a, b))
+  t = np.asarray(pairs)  # [P, 2]: on, off
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(t), size=(2000, len(t)))
+  boot = t[idx, 0].sum(1) / t[idx, 1].sum(1)
+  pair = t[:, 0] / t[:, 1]
+  boot_median = np.median(pair[idx], axis=1)
   return {
-    'seconds_on': times['on'],
-    'seconds_off': times['off'],
-    'median_on': med_on,
-    'median_off': med_off,
-    'ratio': med_on / med_off,
-    'paired_ratios': paired,
-    'paired_ratio_min': min(paired),
-    'paired_ratio_max': max(paired),
+    'seconds_on': float(t[:, 0].sum()),
+    'seconds_off': float(t[:, 1].sum()),
+    'ratio': float(t[:, 0].sum() / t[:, 1].sum()),
+    'ratio_ci95': [
+      float(np.quantile(boot, 0.025)),
+      float(np.quantile(boot, 0.975)),
+    ],
+    'median_pair_ratio': float(statistics.median(pair)),
+    'median_pair_ratio_ci95': [
+      float(np.quantile(boot_median, 0.025)),
+      float(np.quantile(boot_median, 0.975)),
+    ],
+    'pairs': len(t),
   }
 
 
@@ -93,7 +116,7 @@ def main(argv=None) -> int:
   p.add_argument('--draft', default='checkpoints/demo/draft_seqkd')
   p.add_argument('--data_dir', default='data/demo')
   p.add_argument('--num_examples', type=int, default=20)
-  p.add_argument('--rounds', type=int, default=7)
+  p.add_argument('--rounds', type=int, default=5)
   p.add_argument('--gamma', type=int, default=4)
   p.add_argument('--max_decode_len', type=int, default=128)
   p.add_argument('--out', default='bench_provenance.json')
@@ -116,12 +139,15 @@ def main(argv=None) -> int:
     + ' '.join(argv if argv is not None else []),
   )
   print(
-    '| provenance | median pass (s) |\n|---|---|\n'
-    f'| on | {out["median_on"]:.3f} |\n| off | {out["median_off"]:.3f} |\n\n'
-    f"on / off: {out['ratio']:.4f} (rounds' paired ratios "
-    f'{out["paired_ratio_min"]:.4f}..{out["paired_ratio_max"]:.4f}; '
-    f'{len(encs)} examples, gamma {args.gamma}, {args.rounds} rounds, '
-    f'{out["device"]})'
+    '| provenance | seconds (all decodes) |\n|---|---|\n'
+    f'| on | {out["seconds_on"]:.3f} |\n| off | {out["seconds_off"]:.3f} |\n'
+    f'\non / off: {out["ratio"]:.4f} (95% bootstrap interval '
+    f'{out["ratio_ci95"][0]:.4f}..{out["ratio_ci95"][1]:.4f}); median pair '
+    f'ratio {out["median_pair_ratio"]:.4f} (95% '
+    f'{out["median_pair_ratio_ci95"][0]:.4f}..'
+    f'{out["median_pair_ratio_ci95"][1]:.4f}); {out["pairs"]} pairs: '
+    f'{len(encs)} examples x {args.rounds} rounds, gamma {args.gamma}, '
+    f'{out["device"]}'
   )
   with open(args.out, 'w', encoding='utf-8') as f:
     json.dump(out, f, indent=2)
