@@ -399,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       target_s,
       (int(target_steps), int(draft_steps), int(draft_examples)),
     )
+  except Exception as e:  # Recorded for the summary, then raised.
+    job.summary.update(status='failed', error=f'{type(e).__name__}: {e}')
+    job.say(f'pair: failed: {type(e).__name__}: {e}')
+    raise
   finally:
     job.save()
     job.log.close()
