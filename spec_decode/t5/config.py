@@ -42,6 +42,15 @@ class T5Config:
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
   param_dtype: Any = jnp.float32  # Storage dtype of the weights.
+  # One relative-position table per layer (T5X `scalable_t5`, HF UMT5:
+  # `layers_i/relpos_bias`) instead of one per stack (`encoder/relpos_bias`).
+  per_layer_relpos_bias: bool = False
+  # The encoder's self-attention: 'full' (T5), or LongT5's 'local' (each
+  # token sees `local_radius` tokens either side) or 'transient-global'
+  # (local plus one summary token per `global_block_size` input tokens).
+  encoder_attention: str = 'full'
+  local_radius: int = 127
+  global_block_size: int = 16
   # Decoding on the CPU backend multiplies the decoder's weights with the
   # small-K kernel (`spec_decode.kernels`) when it is built for this machine
   # (`Model` packs them at construction); False keeps `jnp.dot` everywhere.
@@ -59,12 +68,24 @@ class T5Config:
       'mlp_dim',
       'num_encoder_layers',
       'num_decoder_layers',
+      'local_radius',
+      'global_block_size',
     ):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(
           f'T5Config.{name} must be a positive int, got {value!r}'
         )
+    if self.encoder_attention not in ENCODER_ATTENTIONS:
+      raise ValueError(
+        f'T5Config.encoder_attention must be one of {ENCODER_ATTENTIONS}, '
+        f'got {self.encoder_attention!r}'
+      )
+    if self.per_layer_relpos_bias and self.encoder_attention != 'full':
+      raise ValueError(
+        'T5Config: per_layer_relpos_bias needs encoder_attention="full" '
+        '(LongT5 has one table per stack)'
+      )
     for act in self.mlp_activations:
       if act not in _KNOWN_ACTIVATIONS:
         raise ValueError(
@@ -148,6 +169,7 @@ class T5Config:
     return cls(**fields)
 
 
+ENCODER_ATTENTIONS = ('full', 'local', 'transient-global')
 _KNOWN_ACTIVATIONS = frozenset(
   {'relu', 'gelu', 'gelu_exact', 'silu', 'swish', 'linear'}
 )

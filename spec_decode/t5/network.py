@@ -27,7 +27,6 @@ use `jnp.dot`.
 """
 
 import functools
-import math
 import operator
 from typing import Callable
 
@@ -39,7 +38,10 @@ import jax.numpy as jnp
 from spec_decode.core.tree_shape import TreeAttention
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.t5 import cache as cache_lib
+from spec_decode.t5 import long_attention
 from spec_decode.t5.config import T5Config
+from spec_decode.t5.relpos import RelativePositionBiases
+from spec_decode.t5.relpos import relative_position_bucket  # noqa: F401
 
 _MASK_VALUE = -1e10
 # Name of the Flax collection holding packed weights (`kernel_ops.Packed`).
@@ -133,59 +135,6 @@ class Embed(nn.Module):
         x.astype(jnp.float32), self.get_variable(PACKED, 'attend')
       )
     return jnp.dot(x.astype(jnp.float32), self.embedding.astype(jnp.float32).T)
-
-
-def relative_position_bucket(
-  relative_position: jax.Array,
-  bidirectional: bool,
-  num_buckets: int,
-  max_distance: int,
-) -> jax.Array:
-  """T5's log-spaced buckets of `key_pos - query_pos` (Mesh TF's arithmetic)."""
-  n = -relative_position
-  bucket = jnp.zeros_like(n)
-  if bidirectional:
-    num_buckets //= 2
-    bucket += (n < 0).astype(n.dtype) * num_buckets
-    n = jnp.abs(n)
-  else:
-    n = jnp.maximum(n, 0)
-  max_exact = num_buckets // 2
-  n_safe = jnp.maximum(n, 1).astype(jnp.float32)
-  large = max_exact + (
-    jnp.log(n_safe / max_exact)
-    / math.log(max_distance / max_exact)
-    * (num_buckets - max_exact)
-  ).astype(n.dtype)
-  large = jnp.minimum(large, num_buckets - 1)
-  return bucket + jnp.where(n < max_exact, n, large)
-
-
-class RelativePositionBiases(nn.Module):
-  """Shared per-head bias `[B, H, Tq, Tk]` from query and key positions."""
-
-  config: T5Config
-  bidirectional: bool
-
-  @nn.compact
-  def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
-    """`q_pos [B, Tq]`, `k_pos [B, Tk]` int32 -> bias `[B, H, Tq, Tk]`."""
-    cfg = self.config
-    table = _param(
-      self,
-      'rel_embedding',
-      nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-      (cfg.num_heads, cfg.relative_attention_num_buckets),
-      ('heads', 'relpos_buckets'),
-    )
-    buckets = relative_position_bucket(
-      k_pos[:, None, :] - q_pos[:, :, None],
-      self.bidirectional,
-      cfg.relative_attention_num_buckets,
-      cfg.relative_attention_max_distance,
-    )  # [B, Tq, Tk]
-    bias = jnp.take(table.astype(cfg.dtype).T, buckets, axis=0)
-    return jnp.transpose(bias, (0, 3, 1, 2))
 
 
 class Attention(nn.Module):
@@ -289,12 +238,25 @@ class EncoderLayer(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x, bias, deterministic=True):
+  def __call__(self, x, bias, deterministic=True, pos=None, long=None):
+    """`bias`: the mask (plus the stack's relative positions); `pos [B, S]`
+    with per-layer biases; `long`: a LongT5 `LongLayout` (bias unused)."""
     cfg = self.config
     h = RMSNorm(cfg, name='pre_attention_layer_norm')(x)
     attn = Attention(cfg, name='attention')
-    k, v = attn.project_kv(h)
-    x = x + _dropout(self, attn(h, k, v, bias), deterministic)
+    if long is not None:
+      norm = None
+      if long.side_bias is not None:
+        norm = RMSNorm(cfg, name='global_input_layer_norm')
+      y = long_attention.attend(cfg, attn, h, long, norm)
+    else:
+      if cfg.per_layer_relpos_bias:
+        bias = bias + RelativePositionBiases(cfg, True, name='relpos_bias')(
+          pos, pos
+        )
+      k, v = attn.project_kv(h)
+      y = attn(h, k, v, bias)
+    x = x + _dropout(self, y, deterministic)
     h = RMSNorm(cfg, name='pre_mlp_layer_norm')(x)
     return x + _dropout(
       self, MlpBlock(cfg, name='mlp')(h, deterministic), deterministic
@@ -312,6 +274,8 @@ class DecoderLayer(nn.Module):
     self.encoder_decoder_attention = Attention(cfg)
     self.pre_mlp_layer_norm = RMSNorm(cfg)
     self.mlp = MlpBlock(cfg)
+    if cfg.per_layer_relpos_bias:
+      self.relpos_bias = RelativePositionBiases(cfg, False)
 
   def cross_kv(self, encoded):
     return self.encoder_decoder_attention.project_kv(encoded)
@@ -326,13 +290,19 @@ class DecoderLayer(nn.Module):
     cache_kv,
     index,
     deterministic=True,
+    positions=None,
   ):
     """One layer; with `cache_kv=(k, v)` writes this call's keys at `index`.
+
+    With per-layer biases `self_bias` is the mask only and `positions` the
+    `(q_pos, k_pos)` the layer's own table is read at.
 
     Returns:
       The layer output `[B, T, D]` and the updated `(keys, values)` (this
       call's own keys and values when there is no cache).
     """
+    if positions is not None:
+      self_bias = self_bias + self.relpos_bias(*positions)
     h = self.pre_self_attention_layer_norm(x)
     k, v = self.self_attention.project_kv(h)
     if cache_kv is not None:
@@ -368,12 +338,23 @@ class Encoder(nn.Module):
     pos = jnp.broadcast_to(
       jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
     )
-    bias = RelativePositionBiases(cfg, True, name='relpos_bias')(pos, pos)
     mask = valid[:, None, :, None] & valid[:, None, None, :]
-    bias = bias + _mask_to_bias(mask)
+    bias, long = _mask_to_bias(mask), None
+    if cfg.encoder_attention != 'full':
+      glob = None
+      if cfg.encoder_attention == 'transient-global':
+        glob = RelativePositionBiases(cfg, True, name='global_relpos_bias')
+      relpos = RelativePositionBiases(cfg, True, name='relpos_bias')
+      long = long_attention.layout(cfg, valid, relpos, glob)
+    elif not cfg.per_layer_relpos_bias:
+      bias = bias + RelativePositionBiases(cfg, True, name='relpos_bias')(
+        pos, pos
+      )
     x = _dropout(self, self.shared_embedding(tokens), deterministic)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f'layers_{i}')(x, bias, deterministic)
+      x = EncoderLayer(cfg, name=f'layers_{i}')(
+        x, bias, deterministic, pos, long
+      )
     x = RMSNorm(cfg, name='encoder_norm')(x)
     return _dropout(self, x, deterministic)
 
@@ -399,7 +380,8 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.relpos_bias = RelativePositionBiases(cfg, False)
+    if not cfg.per_layer_relpos_bias:
+      self.relpos_bias = RelativePositionBiases(cfg, False)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = RMSNorm(cfg)
     if not cfg.logits_via_embedding:
@@ -467,7 +449,9 @@ class Decoder(nn.Module):
       )
     if tree is None:
       visible = cache_lib.causal_mask(q_pos, k_pos)
-    self_bias = self.relpos_bias(q_pos, k_pos) + _mask_to_bias(visible)
+    self_bias, positions = _mask_to_bias(visible), (q_pos, k_pos)
+    if not self.config.per_layer_relpos_bias:
+      self_bias, positions = self_bias + self.relpos_bias(q_pos, k_pos), None
     cross_bias = _mask_to_bias(cross.encoder_valid[:, None, None, :])
 
     x = _dropout(self, self.shared_embedding(tokens), deterministic)
@@ -483,6 +467,7 @@ class Decoder(nn.Module):
         kv,
         index if tree is None else index + tree.offset,
         deterministic,
+        positions,
       )
       new_k.append(k)
       new_v.append(v)
