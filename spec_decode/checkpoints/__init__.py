@@ -6,7 +6,10 @@ files, ours or T5X's, are read by `T5Config.from_gin`,
 `spec_decode/t5/gin_file.py`.)
 
   loader.py       `read`/`write`: detects the format; ours (orbax) read here
-  huggingface.py  a Hugging Face T5 / MT5 / UMT5 directory (safetensors, torch)
+  huggingface.py  a Hugging Face T5 / MT5 / UMT5 / LongT5 directory
+                  (safetensors, torch)
+  hf_config.py    HF config.json <-> T5Config, HF names <-> ours, the output
+                  scaling per model type
   t5x.py          a T5X checkpoint directory (msgpack + zarr arrays)
   assemble.py     names and shapes checked against the config, one tensor
                   at a time, cast to the requested dtype

@@ -9,26 +9,11 @@ file read at its header offsets (no memory map that would stay resident; and
 bfloat16 / float8, which numpy cannot name, work too). Neither torch nor
 TensorFlow is needed.
 
-Name mapping (HF -> ours). HF `Linear` weights are `[out, in]`, so they are
-transposed to our `[in, out]` kernels; HF keeps the relative position table
-`[buckets, H]` in block 0's attention only; ours is `relpos_bias/rel_embedding
-[H, buckets]`:
-
-  shared.weight                                -> token_embedder/embedding
-  lm_head.weight (untied)                      -> decoder/logits_dense/kernel
-  encoder.block.i.layer.0.SelfAttention.{q,k,v,o}
-                                  -> encoder/layers_i/attention/{query,...}
-  encoder.block.i.layer.0.layer_norm           -> pre_attention_layer_norm
-  encoder.block.i.layer.1.DenseReluDense.*     -> mlp/*
-  decoder.block.i.layer.{0,1,2}  -> self_attention, encoder_decoder_attention,
-                                    mlp (with their layer norms)
-  {encoder,decoder}.final_layer_norm -> encoder_norm, decoder_norm
-
-Tied heads: original T5 ties `lm_head` to `shared` and scales the decoder
-output by `d_model ** -0.5` (our `logits_via_embedding=True`). T5 v1.1 has an
-untied, unscaled head. transformers 5 records the scaling as
-`scale_decoder_outputs` and unties a head only when the file holds an
-`lm_head.weight` that differs from `shared.weight`; this module does the same.
+Config and names (T5, MT5, UMT5, LongT5; the output scaling per model type)
+are `hf_config.py`'s. The head: an `lm_head.weight` that differs from
+`shared.weight` is an untied head (scaled models get the scale folded into
+the logits kernel); otherwise the head is `shared.weight`, scaled
+(`logits_via_embedding=True`) or not.
 """
 
 import json
@@ -41,10 +26,16 @@ import numpy as np
 from spec_decode.checkpoints.assemble import CheckpointError
 from spec_decode.checkpoints.assemble import Shape
 from spec_decode.checkpoints.assemble import to_dtype
+from spec_decode.checkpoints.hf_config import CONFIG_FILE
+from spec_decode.checkpoints.hf_config import IGNORED
+from spec_decode.checkpoints.hf_config import config_from_hf
+from spec_decode.checkpoints.hf_config import hf_config_dict
+from spec_decode.checkpoints.hf_config import name_map
+from spec_decode.checkpoints.hf_config import read_hf_config
+from spec_decode.checkpoints.hf_config import scales_decoder_output
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import T5Config
 
-CONFIG_FILE = 'config.json'
 SAFETENSORS_FILE = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 TORCH_FILE = 'pytorch_model.bin'
@@ -52,33 +43,6 @@ TORCH_INDEX = 'pytorch_model.bin.index.json'
 SPIECE_FILE = 'spiece.model'
 WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE, TORCH_INDEX)
 
-_ACTIVATIONS = {
-  'relu': ('relu',),
-  'gelu': ('gelu_exact',),  # HF's non-gated 'gelu' is the exact gelu.
-  'gelu_new': ('gelu',),
-  'silu': ('silu',),
-  'gated-relu': ('relu', 'linear'),
-  'gated-gelu': ('gelu', 'linear'),  # HF maps it to gelu_new (tanh).
-  'gated-gelu_new': ('gelu', 'linear'),
-  'gated-silu': ('silu', 'linear'),
-}
-_FEED_FORWARD_PROJ = {
-  ('relu',): 'relu',
-  ('gelu_exact',): 'gelu',
-  ('gelu',): 'gelu_new',
-  ('silu',): 'silu',
-  ('relu', 'linear'): 'gated-relu',
-  ('gelu', 'linear'): 'gated-gelu',
-  ('silu', 'linear'): 'gated-silu',
-}
-# Copies HF keeps of tied or unused tensors.
-_IGNORED = frozenset(
-  {
-    'encoder.embed_tokens.weight',
-    'decoder.embed_tokens.weight',
-    'decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight',
-  }
-)
 _ST_DTYPES = {
   'F64': np.float64,
   'F32': np.float32,
@@ -99,155 +63,6 @@ def is_hf_dir(path: str) -> bool:
   if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
     return False
   return any(os.path.exists(os.path.join(path, f)) for f in WEIGHT_FILES)
-
-
-# -- config -------------------------------------------------------------------
-def read_hf_config(path: str) -> dict[str, Any]:
-  file = os.path.join(path, CONFIG_FILE)
-  try:
-    with open(file) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    raise FileNotFoundError(f'Hugging Face config not found: {file}') from None
-  except json.JSONDecodeError as e:
-    raise CheckpointError(f'{file}: not valid JSON ({e})') from e
-
-
-def _scales_decoder_output(hf: dict[str, Any]) -> bool:
-  if 'scale_decoder_outputs' in hf:
-    return bool(hf['scale_decoder_outputs'])
-  return bool(hf.get('tie_word_embeddings', True))
-
-
-def config_from_hf(
-  hf: dict[str, Any], description: str = CONFIG_FILE, tied: bool | None = None
-) -> T5Config:
-  """Maps a Hugging Face T5 `config.json` dict onto `T5Config`.
-
-  Args:
-    hf: the parsed `config.json`.
-    description: the file, for error messages.
-    tied: whether the head is the scaled shared embedding; default from the
-      config's `scale_decoder_outputs` / `tie_word_embeddings`.
-
-  Returns:
-    The config, with float32 parameters and activations.
-  """
-  model_type = hf.get('model_type', 't5')
-  if model_type not in ('t5', 'mt5', 'umt5'):
-    raise CheckpointError(
-      f'{description}: model_type {model_type!r} is not a T5 encoder-decoder'
-    )
-  proj = hf.get('feed_forward_proj', 'relu')
-  if proj not in _ACTIVATIONS:
-    raise CheckpointError(
-      f'{description}: unsupported feed_forward_proj '
-      f'{proj!r}; known: {sorted(_ACTIVATIONS)}'
-    )
-  try:
-    num_layers = int(hf['num_layers'])
-    dec_layers = hf.get('num_decoder_layers')
-    return T5Config(
-      vocab_size=int(hf['vocab_size']),
-      emb_dim=int(hf['d_model']),
-      num_heads=int(hf['num_heads']),
-      head_dim=int(hf['d_kv']),
-      mlp_dim=int(hf['d_ff']),
-      num_encoder_layers=num_layers,
-      num_decoder_layers=num_layers if dec_layers is None else int(dec_layers),
-      mlp_activations=_ACTIVATIONS[proj],
-      dropout_rate=float(hf.get('dropout_rate', 0.1)),
-      logits_via_embedding=(
-        _scales_decoder_output(hf) if tied is None else tied
-      ),
-      relative_attention_num_buckets=int(
-        hf.get('relative_attention_num_buckets', 32)
-      ),
-      relative_attention_max_distance=int(
-        hf.get('relative_attention_max_distance', 128)
-      ),
-      layer_norm_epsilon=float(hf.get('layer_norm_epsilon', 1e-6)),
-    )
-  except KeyError as e:
-    raise CheckpointError(f'{description}: missing field {e}') from None
-  except (TypeError, ValueError) as e:
-    raise CheckpointError(f'{description}: {e}') from e
-
-
-def hf_config_dict(config: T5Config) -> dict[str, Any]:
-  """The Hugging Face `config.json` fields describing `config`."""
-  acts = tuple(config.mlp_activations)
-  if acts not in _FEED_FORWARD_PROJ:
-    raise ValueError(f'mlp_activations {acts} have no Hugging Face name')
-  return {
-    'architectures': ['T5ForConditionalGeneration'],
-    'model_type': 't5',
-    'vocab_size': config.vocab_size,
-    'd_model': config.emb_dim,
-    'd_kv': config.head_dim,
-    'd_ff': config.mlp_dim,
-    'num_layers': config.num_encoder_layers,
-    'num_decoder_layers': config.num_decoder_layers,
-    'num_heads': config.num_heads,
-    'relative_attention_num_buckets': config.relative_attention_num_buckets,
-    'relative_attention_max_distance': config.relative_attention_max_distance,
-    'dropout_rate': config.dropout_rate,
-    'layer_norm_epsilon': config.layer_norm_epsilon,
-    'feed_forward_proj': _FEED_FORWARD_PROJ[acts],
-    'tie_word_embeddings': config.logits_via_embedding,
-    'is_encoder_decoder': True,
-    'pad_token_id': 0,
-    'eos_token_id': 1,
-    'decoder_start_token_id': 0,
-  }
-
-
-# -- names --------------------------------------------------------------------
-def name_map(config: T5Config) -> dict[str, tuple[str, bool]]:
-  """Our name -> (HF name, transpose), except the untied logits kernel."""
-  m = {'token_embedder/embedding': ('shared.weight', False)}
-  proj = {'query': 'q', 'key': 'k', 'value': 'v', 'out': 'o'}
-  acts = config.mlp_activations
-  mlp = ['wi'] if len(acts) == 1 else [f'wi_{i}' for i in range(len(acts))]
-  mlp.append('wo')
-
-  def attention(ours, hf):
-    for a, b in proj.items():
-      m[f'{ours}/{a}/kernel'] = (f'{hf}.{b}.weight', True)
-
-  def block(ours, hf, norm):
-    m[f'{ours}/{norm}/scale'] = (f'{hf}.layer_norm.weight', False)
-
-  for side, n in (
-    ('encoder', config.num_encoder_layers),
-    ('decoder', config.num_decoder_layers),
-  ):
-    m[f'{side}/relpos_bias/rel_embedding'] = (
-      f'{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight',
-      True,
-    )
-    m[f'{side}/{side}_norm/scale'] = (f'{side}.final_layer_norm.weight', False)
-    for i in range(n):
-      ours, hf = f'{side}/layers_{i}', f'{side}.block.{i}.layer'
-      if side == 'encoder':
-        attention(f'{ours}/attention', f'{hf}.0.SelfAttention')
-        block(ours, f'{hf}.0', 'pre_attention_layer_norm')
-        mlp_layer = 1
-      else:
-        attention(f'{ours}/self_attention', f'{hf}.0.SelfAttention')
-        block(ours, f'{hf}.0', 'pre_self_attention_layer_norm')
-        attention(
-          f'{ours}/encoder_decoder_attention', f'{hf}.1.EncDecAttention'
-        )
-        block(ours, f'{hf}.1', 'pre_cross_attention_layer_norm')
-        mlp_layer = 2
-      block(ours, f'{hf}.{mlp_layer}', 'pre_mlp_layer_norm')
-      for w in mlp:
-        m[f'{ours}/mlp/{w}/kernel'] = (
-          f'{hf}.{mlp_layer}.DenseReluDense.{w}.weight',
-          True,
-        )
-  return m
 
 
 # -- raw tensor files ---------------------------------------------------------
@@ -424,7 +239,7 @@ class HFSource:
         "logits, but the checkpoint's head is unscaled"
       )
     used = {hf for hf, _ in self._map.values()}
-    self._extra = sorted(keys - used - _IGNORED - {'lm_head.weight'})
+    self._extra = sorted(keys - used - IGNORED - {'lm_head.weight'})
 
   def shapes(self) -> dict[str, Shape]:
     keys = set(self._files.keys())
@@ -463,7 +278,7 @@ def load_hf_config(path: str) -> tuple[T5Config, bool]:
   """
   hf = read_hf_config(path)
   file = os.path.join(path, CONFIG_FILE)
-  scaled = _scales_decoder_output(hf)
+  scaled = scales_decoder_output(hf)
   config = config_from_hf(hf, file)
   if scaled:
     probe = HFSource(path, config.replace(logits_via_embedding=False), True)
