@@ -16,7 +16,8 @@ modules, bottom to top of the layering (tests/test_layout.py):
   checkpoints/  checkpoint formats: ours (orbax), Hugging Face, T5X
   models/       `Model` (a T5 behind the protocol) and `TableLM`
   parallel/     partitioning (logical axis rules), multi-host, memory
-  drafters/     n-gram, copy, Medusa heads, hierarchical drafters
+  drafters/     n-gram, copy, Medusa heads, feature (EAGLE-style) and
+                early-exit drafts, hierarchical drafters
   data/         tasks (our readers and seqio), metrics, the Debian data
   train/        LM and Medusa-heads training (`spec-decode train`)
   eval/         the eval run, its reports and comparisons

@@ -9,6 +9,9 @@ Pass any of them as `draft=` to `spec_decode.generate`.
   ngram.py         an order-n n-gram table (the paper's unigram / bigram)
   copy.py          prompt lookup: what followed an earlier match of the suffix
   heads.py         Medusa / blockwise-parallel heads on the target's features
+  feature.py       an EAGLE-style feature draft: T5 decoder layers over the
+                   target's features and encoder keys/values
+  early_exit.py    the target's first k decoder layers as its own draft
   hierarchical.py  a draft model sped up by a draft of its own
 """
 
@@ -17,6 +20,8 @@ from spec_decode.core.drafter import Drafter
 from spec_decode.core.drafter import Proposal
 from spec_decode.core.model_drafter import ModelDrafter
 from spec_decode.drafters.copy import Copy
+from spec_decode.drafters.early_exit import EarlyExit
+from spec_decode.drafters.feature import FeatureDraft
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.hierarchical import Hierarchical
 from spec_decode.drafters.ngram import NGram
@@ -25,6 +30,8 @@ __all__ = [
   'Copy',
   'DraftContext',
   'Drafter',
+  'EarlyExit',
+  'FeatureDraft',
   'Heads',
   'Hierarchical',
   'ModelDrafter',

@@ -1,0 +1,230 @@
+"""An early-exit self-draft: the target's first k decoder layers.
+
+The draft is the target itself cut after decoder layer k (CALM, LayerSkip):
+its first k decoder layers, then its final layer norm and its output
+projection. No training and no second set of weights: the draft's
+parameters are the target's arrays (and, on the CPU kernel, the target's
+packed copies of them).
+
+What is shared with the target, and why it is exact to share:
+  * the encoder output and the encoder-side keys and values of decoder
+    layers 0..k-1: the draft reads the ones in the target's decode state
+    (`DraftContext.target_state`); no encoder pass and no cross-attention
+    projection runs for the draft, and none is stored twice. They are the
+    same function of the same input, so they are equal;
+  * the self-attention keys and values of layers 0..k-1 at committed
+    inputs: they depend only on the inputs up to that position through
+    layers 0..k-1, which the draft and the target share, so the target's
+    are the draft's. Each iteration the draft copies the slots of the last
+    K committed inputs from the target's cache into its own (K = 1 for a
+    chain, the tree depth + 1 for a tree), where a separate draft model
+    re-feeds them: a chain's first draft call feeds one input (the newest)
+    instead of two, a tree's one instead of D + 1.
+
+What is not shared: the draft keeps its own k-layer self-attention cache
+(the slots of its speculative tokens, which the target must not see before
+it verifies them); its draft steps run layers 0..k-1 again for the tokens
+the target then verifies (reusing them inside the verification call,
+LayerSkip's cache reuse, would need another target call signature).
+
+Exactness: `q` is the sampler's distribution of the logits each token was
+drawn from; the draft is any language model as far as the loop can tell.
+"""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_decode.core import drafter
+from spec_decode.core import model_drafter
+from spec_decode.core import tree_draft
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.models import t5_model
+from spec_decode.t5 import cache as cache_lib
+from spec_decode.t5 import network
+
+
+@flax.struct.dataclass(kw_only=True)
+class EarlyExitState:
+  """The self-draft's own state.
+
+  Attributes:
+    cache: self-attention keys and values of layers 0..k-1 (`KVCache`).
+  """
+
+  cache: cache_lib.KVCache
+
+
+@flax.struct.dataclass(kw_only=True)
+class EarlyExit:
+  """The target's first `num_layers` decoder layers as its draft.
+
+  Attributes:
+    target: the target `Model`.
+    num_layers: k, decoder layers the draft runs (static).
+  """
+
+  target: Any
+  num_layers: int = flax.struct.field(pytree_node=False)
+
+  uses_target_features = False
+  uses_target_state = True
+
+  @classmethod
+  def of(cls, target: t5_model.Model, num_layers: int) -> 'EarlyExit':
+    """The draft of `target`'s first `num_layers` decoder layers.
+
+    Raises:
+      ValueError: `num_layers` is not in [1, the target's layers].
+    """
+    layers = target.config.num_decoder_layers
+    if isinstance(num_layers, bool) or not 1 <= int(num_layers) <= layers:
+      raise ValueError(
+        f'num_layers must be in [1, {layers}] (the target has {layers} '
+        f'decoder layers), got {num_layers!r}'
+      )
+    return cls(target=target, num_layers=int(num_layers))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.vocab_size
+
+  @property
+  def vocabulary(self) -> Any:
+    return self.target.vocabulary
+
+  def __repr__(self) -> str:
+    return f'EarlyExit(num_layers={self.num_layers})'
+
+  def for_drafting(self) -> 'EarlyExit':
+    """Drafts with the target's drafting copy (bfloat16-packed layers on the
+    CPU kernel, as a model draft does); only proposals can change."""
+    copy = self.target.for_drafting()
+    return self if copy is self.target else self.replace(target=copy)
+
+  def model(self) -> t5_model.Model:
+    """The draft as a `Model`: the target's arrays, k decoder layers."""
+    return truncated(self.target, self.num_layers)
+
+  # -- drafter protocol -------------------------------------------------------
+  def init_draft(
+    self, encoder_tokens: jax.Array, length: int
+  ) -> EarlyExitState:
+    cfg = self.target.config
+    return EarlyExitState(
+      cache=cache_lib.KVCache.zeros(
+        self.num_layers,
+        encoder_tokens.shape[0],
+        length,
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.dtype,
+      )
+    )
+
+  def _synced(self, state, context, width: int) -> t5_model.T5DecodeState:
+    """The draft's decode state holding inputs 0..n-1: the target's
+    encoder-side keys and values of layers 0..k-1, and the slots of the
+    last `width` committed inputs copied from the target's cache."""
+    tstate = context.target_state
+    if tstate is None:
+      raise ValueError(
+        'EarlyExit needs DraftContext.target_state (the loops fill it for '
+        'drafters with uses_target_state)'
+      )
+    k = self.num_layers
+    n = context.length
+    start = jnp.maximum(n - width, 0)
+    cols = start[:, None] + jnp.arange(width)[None]  # [B, W]
+
+    def copy(own, theirs):
+      # Slots >= n of the window are stale in the target; the draft
+      # overwrites or masks them (its index is n).
+      moved = jnp.take_along_axis(
+        theirs, jnp.minimum(cols, theirs.shape[-1] - 1)[:, None, None], -1
+      )
+      return cache_lib.write(own, moved, start)
+
+    cache = cache_lib.KVCache(
+      keys=tuple(map(copy, state.cache.keys, tstate.cache.keys[:k])),
+      values=tuple(map(copy, state.cache.values, tstate.cache.values[:k])),
+      index=n,
+    )
+    cross = network.CrossAttentionKV(
+      keys=tstate.cross.keys[:k],
+      values=tstate.cross.values[:k],
+      encoder_valid=tstate.cross.encoder_valid,
+    )
+    return t5_model.T5DecodeState(cross=cross, cache=cache)
+
+  def _root(self, model, ds, context):
+    """Feeds the newest input n: logits `[B, V]` of token n + 1."""
+    newest = jnp.take_along_axis(context.inputs, context.length[:, None], 1)
+    logits, ds = model.score(ds, newest)
+    return logits[:, 0], ds
+
+  def propose(
+    self,
+    state: EarlyExitState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+  ) -> tuple[drafter.Proposal, EarlyExitState]:
+    """G tokens, one k-layer call each (the first feeds input n alone)."""
+    model = self.model()
+    ds = self._synced(state, context, 1)
+    first, ds = self._root(model, ds, context)
+
+    def step(ds, prev):
+      logits, ds = model.score(ds, prev[:, None])
+      return logits[:, 0], ds
+
+    proposal, ds = model_drafter.draft_chain(
+      step, ds, first, context.keys, settings.sampler, settings.dynamic_gamma
+    )
+    return proposal, EarlyExitState(cache=ds.cache)
+
+  def propose_tree(
+    self,
+    state: EarlyExitState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+    shape,
+  ) -> tuple[drafter.TreeProposal, EarlyExitState]:
+    """The tree level by level (`tree_draft.expand`), after one call for
+    the newest input (the accepted path comes from the target's cache)."""
+    model = self.model()
+    ds = self._synced(state, context, shape.depth + 1)
+    root, ds = self._root(model, ds, context)
+
+    def level_logits(d, fed, tokens, ds):
+      _, attention = shape.draft_attention(d)
+      return model.score_tree(ds, tokens[:, fed], attention)
+
+    proposal, ds = tree_draft.expand(
+      shape, settings.sampler, root, level_logits, ds, context.keys
+    )
+    return proposal, EarlyExitState(cache=ds.cache)
+
+
+def truncated(target: t5_model.Model, num_layers: int) -> t5_model.Model:
+  """`target` cut after decoder layer `num_layers` - 1: the same arrays
+  (parameters and packed copies), the first `num_layers` decoder layers,
+  the final norm and the output projection."""
+
+  def keep(tree):
+    if tree is None:
+      return None
+    dec = {
+      name: sub
+      for name, sub in tree['decoder'].items()
+      if not name.startswith('layers_') or int(name[7:]) < num_layers
+    }
+    return {**tree, 'decoder': dec}
+
+  config = target.config.replace(num_decoder_layers=num_layers)
+  return t5_model.Model.tree_unflatten(
+    (config, target.vocabulary, target.partitioner),
+    (keep(target.params), keep(target.packed)),
+  )

@@ -1,0 +1,573 @@
+"""An EAGLE-style feature draft for T5 encoder-decoders.
+
+EAGLE (Li et al. 2024) drafts with one small decoder layer over the target's
+own hidden states: at decoder input t it reads the target's final hidden
+state of input t - 1 and the embedding of token t, and predicts the
+target's hidden state of input t, which the target's own (frozen) output
+projection turns into the next-token distribution. This is that draft for
+T5, with what an encoder-decoder adds:
+
+  * the draft is `num_layers` T5 decoder layers (self-attention, then
+    cross-attention, then the MLP) after a fusion `fc([embedding;
+    feature])` (`[2D] -> [D]`) and before a final RMS norm, so its output
+    lives where the target's features do (after the final norm);
+  * its cross-attention reads the target's encoder output through the
+    target's own encoder-side keys and values: draft layer i attends with
+    its own query and output projections to the keys and values the target
+    computed once per input for its decoder layer `cross_layers[i]`
+    (default: the last `num_layers` layers). No draft encoder runs and no
+    keys or values are projected or stored twice; the draft reads them
+    from the target's decode state (`DraftContext.target_state`);
+  * the token embedding and the output projection are the target's
+    (frozen, not stored with the draft).
+
+Drafting (`propose`): the loop hands the draft the target's features of
+the last K inputs (`DraftContext.recent_features`, K = G + 1), so every
+input the last verification accepted comes with the target's own feature
+(from that call, no second target call). The draft re-feeds its last K
+inputs as one block, each with the target's feature of the input before it
+(overwriting what it had cached there from its own predicted features,
+EAGLE's correction), takes its predicted feature of the newest input,
+draws token n + 1 from `project(feature)`, and then drafts autoregressively
+over its own predicted features: input n + i reads the draft's feature of
+input n + i - 1. Its self-attention cache (`FeatureState`) is its own.
+
+Exactness: `q` is the sampler's distribution of the logits each token was
+drawn from, whatever the features; the features change only how often
+tokens are accepted.
+
+Trees (`propose_tree`): the same block, then one call per depth over the
+internal nodes of that depth with the tree's ancestor mask
+(`core.tree_draft.expand`), each node reading its parent's predicted
+feature.
+
+Checkpoint (`save`/`load`): `params/` (orbax, the draft network only),
+`feature_draft.json` (its shape, `cross_layers`, and the target's config
+for a check at load), and the vocabulary. Load with the target:
+`FeatureDraft.load(path, target)`.
+"""
+
+import json
+import os
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from spec_decode import checkpoints
+from spec_decode.core import drafter
+from spec_decode.core import model_drafter
+from spec_decode.core import tree_draft
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.kernels import ops as kernel_ops
+from spec_decode.models import t5_model
+from spec_decode.t5 import cache as cache_lib
+from spec_decode.t5 import network
+from spec_decode.t5.config import T5Config
+
+INFO_FILE = 'feature_draft.json'
+_MASK_VALUE = -1e10
+
+
+def _bias(mask: jax.Array) -> jax.Array:
+  return jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)
+
+
+class FeatureNet(nn.Module):
+  """The draft network: fusion, T5 decoder layers, final norm.
+
+  `config` is the target's with `num_decoder_layers` the draft's layers
+  (and possibly another `mlp_dim`); `emb_dim`, `num_heads` and `head_dim`
+  are the target's (the cross-attention reads the target's keys).
+  """
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.fc = network.Dense(cfg, cfg.emb_dim, ('mlp', 'embed'))
+    self.relpos_bias = network.RelativePositionBiases(cfg, False)
+    self.layers = [
+      network.DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)
+    ]
+    self.norm = network.RMSNorm(cfg)
+
+  def __call__(
+    self,
+    features: jax.Array,
+    embedded: jax.Array,
+    cross: network.CrossAttentionKV,
+    cache: cache_lib.KVCache | None = None,
+    tree: Any = None,
+  ):
+    """Predicted features `[B, T, D]` float32 of inputs `[B, T]`.
+
+    Args:
+      features: `[B, T, D]` the feature of the input before each one.
+      embedded: `[B, T, D]` the inputs' token embeddings.
+      cross: per draft layer, the target's encoder-side keys and values.
+      cache: None (teacher forcing: positions 0..T-1), or the draft's cache
+        (positions `index + t`, index advanced by T).
+      tree: a `core.tree_shape.TreeAttention` (with a cache): tree nodes in
+        scratch slots, index unchanged (as `network.Decoder`).
+
+    Returns:
+      The predicted features and the new cache (None without one).
+    """
+    b, t = embedded.shape[:2]
+    index = None
+    if cache is None:
+      q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+      k_pos = q_pos
+    elif tree is not None:
+      index = cache.index
+      q_pos, k_pos, visible = cache_lib.tree_layout(index, cache.length, tree)
+    else:
+      index = cache.index
+      q_pos = cache_lib.query_positions(index, t)
+      k_pos = jnp.broadcast_to(
+        jnp.arange(cache.length, dtype=jnp.int32), (b, cache.length)
+      )
+    if tree is None:
+      visible = cache_lib.causal_mask(q_pos, k_pos)
+    self_bias = self.relpos_bias(q_pos, k_pos) + _bias(visible)
+    cross_bias = _bias(cross.encoder_valid[:, None, None, :])
+    dtype = self.config.dtype
+    x = self.fc(
+      jnp.concatenate([embedded.astype(dtype), features.astype(dtype)], -1)
+    )
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (cache.keys[i], cache.values[i])
+      x, (k, v) = layer(
+        x,
+        self_bias,
+        cross.keys[i],
+        cross.values[i],
+        cross_bias,
+        kv,
+        index if tree is None else index + tree.offset,
+      )
+      new_k.append(k)
+      new_v.append(v)
+    out = self.norm(x).astype(jnp.float32)
+    if cache is None:
+      return out, None
+    return out, cache_lib.KVCache(
+      keys=tuple(new_k),
+      values=tuple(new_v),
+      index=index if tree is not None else index + t,
+    )
+
+
+@flax.struct.dataclass(kw_only=True)
+class FeatureState:
+  """The feature draft's own state.
+
+  Attributes:
+    cache: self-attention keys and values of the draft's layers, per row
+      its own index (`t5.cache.KVCache`).
+  """
+
+  cache: cache_lib.KVCache
+
+
+@flax.struct.dataclass(kw_only=True)
+class FeatureDraft:
+  """An EAGLE-style draft on a frozen T5 target (module docstring).
+
+  Attributes:
+    params: the draft network's parameters (`FeatureNet`).
+    target: the target `Model` (frozen: its embedding, output projection
+      and, through the decode state, its encoder-side keys and values).
+    net_config: the draft network's `T5Config` (static).
+    cross_layers: the target decoder layer whose encoder-side keys and
+      values each draft layer reads (static).
+    packed: None, or the network's weights packed for the CPU kernel.
+  """
+
+  params: Any
+  target: Any
+  net_config: T5Config = flax.struct.field(pytree_node=False)
+  cross_layers: tuple[int, ...] = flax.struct.field(pytree_node=False)
+  packed: Any = None
+
+  uses_target_features = True
+  uses_recent_features = True
+  uses_target_state = True
+
+  # -- shapes -----------------------------------------------------------------
+  @property
+  def num_layers(self) -> int:
+    return self.net_config.num_decoder_layers
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.vocab_size
+
+  @property
+  def vocabulary(self) -> Any:
+    return self.target.vocabulary
+
+  @property
+  def net(self) -> FeatureNet:
+    return FeatureNet(self.net_config)
+
+  def __repr__(self) -> str:
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
+    return (
+      f'FeatureDraft(num_layers={self.num_layers}, '
+      f'mlp_dim={self.net_config.mlp_dim}, cross_layers={self.cross_layers}, '
+      f'{n:,} parameters)'
+    )
+
+  # -- construction -----------------------------------------------------------
+  @classmethod
+  def init(
+    cls,
+    target: t5_model.Model,
+    num_layers: int = 1,
+    mlp_dim: int | None = None,
+    seed: int = 0,
+    from_target: bool = True,
+    cross_layers: tuple[int, ...] | None = None,
+  ) -> 'FeatureDraft':
+    """A fresh draft for `target`.
+
+    Args:
+      target: the target `Model`.
+      num_layers: draft decoder layers.
+      mlp_dim: their MLP width (default the target's).
+      seed: initialization seed.
+      from_target: start each draft layer as a copy of the target layer
+        whose keys and values it reads (and the relative-position table and
+        final norm as the target's); the fusion `fc` is random either way.
+        With another `mlp_dim` the MLP stays random.
+      cross_layers: target layers read by each draft layer (default the
+        last `num_layers`).
+    """
+    tcfg = target.config
+    if num_layers < 1:
+      raise ValueError(f'num_layers must be >= 1, got {num_layers}')
+    if cross_layers is None:
+      first = max(tcfg.num_decoder_layers - num_layers, 0)
+      cross_layers = tuple(
+        min(first + i, tcfg.num_decoder_layers - 1) for i in range(num_layers)
+      )
+    cross_layers = tuple(int(j) for j in cross_layers)
+    if len(cross_layers) != num_layers or not all(
+      0 <= j < tcfg.num_decoder_layers for j in cross_layers
+    ):
+      raise ValueError(
+        f'cross_layers must name {num_layers} target decoder layers in '
+        f'[0, {tcfg.num_decoder_layers}), got {cross_layers}'
+      )
+    cfg = net_config(tcfg, num_layers, mlp_dim)
+    params = _init_params(cfg, seed)
+    if from_target:
+      params = _copy_from_target(params, target.params, cross_layers, cfg)
+    return cls(
+      params=params,
+      target=target,
+      net_config=cfg,
+      cross_layers=cross_layers,
+    )
+
+  def with_params(self, params: Any) -> 'FeatureDraft':
+    return self.replace(params=jax.tree.map(jnp.asarray, params), packed=None)
+
+  def pack_for_cpu(self, dtype: Any = jnp.float32) -> 'FeatureDraft':
+    """The network's weights packed for the small-K CPU kernel."""
+    return self.replace(packed=kernel_ops.pack_params(self.params, dtype))
+
+  def for_drafting(self) -> 'FeatureDraft':
+    """What proposes in a decode (`protocol.DraftingCopy`): where the CPU
+    kernel is on, the network packed in bfloat16 and the target's
+    drafting copy (bfloat16 output projection), as a model draft gets.
+    Only the proposals can change (by rounding), never the output."""
+    if self.packed is not None or not t5_model.cpu_kernel_enabled(
+      self.net_config
+    ):
+      return self
+    return self.replace(target=self.target.for_drafting()).pack_for_cpu(
+      jnp.bfloat16
+    )
+
+  # -- the network ------------------------------------------------------------
+  def embed(self, tokens: jax.Array) -> jax.Array:
+    """The target's token embeddings `[..., D]` (activation dtype)."""
+    emb = self.target.params['token_embedder']['embedding']
+    return jnp.take(emb, tokens, axis=0).astype(self.net_config.dtype)
+
+  def cross(self, target_state: Any) -> network.CrossAttentionKV:
+    """The target's encoder-side keys and values the draft layers read."""
+    c = target_state.cross
+    return network.CrossAttentionKV(
+      keys=tuple(c.keys[j] for j in self.cross_layers),
+      values=tuple(c.values[j] for j in self.cross_layers),
+      encoder_valid=c.encoder_valid,
+    )
+
+  def apply_net(self, features, tokens, cross, cache=None, tree=None):
+    """`FeatureNet` on `tokens [B, T]` with `features [B, T, D]` (the
+    feature of the input before each token): `(predicted [B, T, D], cache)`."""
+    variables = {'params': self.params}
+    if self.packed is not None:
+      variables[network.PACKED] = self.packed
+    return self.net.apply(
+      variables, features, self.embed(tokens), cross, cache, tree
+    )
+
+  def logits(self, features: jax.Array) -> jax.Array:
+    """The target's output projection of features `[..., D]`: `[..., V]`."""
+    return self.target.project(features)
+
+  def teacher_forced(
+    self,
+    encoder_tokens: jax.Array,
+    decoder_inputs: jax.Array,
+    target_features: jax.Array,
+  ) -> jax.Array:
+    """Predicted features `[B, T, D]` of inputs 0..T-1, each from the
+    target's feature of the input before it (`target_features [B, T, D]`,
+    the target's teacher-forced features of the same inputs)."""
+    tstate = self.target.init_state(encoder_tokens, 1)
+    return self.teacher_forced_from(
+      self.cross(tstate), decoder_inputs, target_features
+    )
+
+  def teacher_forced_from(self, cross, decoder_inputs, target_features):
+    """`teacher_forced` given the draft layers' keys and values."""
+    prev = jnp.pad(target_features[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    return self.apply_net(prev, decoder_inputs, cross)[0]
+
+  # -- drafter protocol -------------------------------------------------------
+  def init_draft(self, encoder_tokens: jax.Array, length: int) -> FeatureState:
+    cfg = self.net_config
+    return FeatureState(
+      cache=cache_lib.KVCache.zeros(
+        cfg.num_decoder_layers,
+        encoder_tokens.shape[0],
+        length,
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.dtype,
+      )
+    )
+
+  def _catch_up(self, state: FeatureState, context, cross):
+    """Re-feeds the last K inputs with the target's features: the predicted
+    feature `[B, D]` of input n and the cache holding inputs 0..n."""
+    window = context.recent_features
+    if window is None or context.target_state is None:
+      raise ValueError(
+        'FeatureDraft needs DraftContext.recent_features and target_state '
+        '(the loops fill them for drafters that declare them)'
+      )
+    n = context.length
+    k = window.shape[1]
+    start = jnp.maximum(n - k + 1, 0)
+    cols = start[:, None] + jnp.arange(k)[None]  # Inputs t of the block.
+    width = context.inputs.shape[1]
+    tokens = jnp.take_along_axis(
+      context.inputs, jnp.minimum(cols, width - 1), axis=1
+    )
+    # The window's entry j is input n - K + j; input t reads input t - 1.
+    fidx = jnp.clip(cols - 1 - (n[:, None] - k), 0, k - 1)
+    feats = jnp.take_along_axis(window, fidx[..., None], axis=1)
+    cache = state.cache.rollback(start)
+    hidden, cache = self.apply_net(feats, tokens, cross, cache)
+    rows = jnp.arange(n.shape[0])
+    return hidden[rows, n - start], cache.rollback(n + 1)
+
+  def propose(
+    self,
+    state: FeatureState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+  ) -> tuple[drafter.Proposal, FeatureState]:
+    """Tokens n+1..n+G (module docstring)."""
+    cross = self.cross(context.target_state)
+    h, cache = self._catch_up(state, context, cross)
+
+    def step(carry, prev):
+      cache, h = carry
+      out, cache = self.apply_net(h[:, None], prev[:, None], cross, cache)
+      h = out[:, 0]
+      return self.logits(h), (cache, h)
+
+    proposal, (cache, _) = model_drafter.draft_chain(
+      step,
+      (cache, h),
+      self.logits(h),
+      context.keys,
+      settings.sampler,
+      settings.dynamic_gamma,
+    )
+    return proposal, FeatureState(cache=cache)
+
+  def propose_tree(
+    self,
+    state: FeatureState,
+    context: drafter.DraftContext,
+    settings: DecodeSettings,
+    shape,
+  ) -> tuple[drafter.TreeProposal, FeatureState]:
+    """The tree level by level; a node reads its parent's predicted
+    feature (module docstring)."""
+    cross = self.cross(context.target_state)
+    h, cache = self._catch_up(state, context, cross)
+    hidden = (
+      jnp.zeros((h.shape[0], shape.num_nodes + 1, h.shape[-1]), jnp.float32)
+      .at[:, 0]
+      .set(h)
+    )
+    parents = shape.parents
+
+    def level_logits(d, fed, tokens, carry):
+      cache, hidden = carry
+      _, attention = shape.draft_attention(d)
+      out, cache = self.apply_net(
+        hidden[:, parents[fed]], tokens[:, fed], cross, cache, attention
+      )
+      return self.logits(out), (cache, hidden.at[:, fed].set(out))
+
+    proposal, (cache, _) = tree_draft.expand(
+      shape,
+      settings.sampler,
+      self.logits(h),
+      level_logits,
+      (cache, hidden),
+      context.keys,
+    )
+    return proposal, FeatureState(cache=cache)
+
+  # -- checkpoints ------------------------------------------------------------
+  def save(self, path: str) -> None:
+    """Writes the draft network to a new directory `path` (module
+    docstring); the target is not saved.
+
+    Raises:
+      FileExistsError: `path` exists and is not empty.
+    """
+    arrays = jax.tree.map(np.asarray, self.params)
+    path = checkpoints.save_arrays(path, arrays)
+    info = {
+      'num_layers': self.num_layers,
+      'mlp_dim': self.net_config.mlp_dim,
+      'cross_layers': list(self.cross_layers),
+      'target_config': self.target.config.to_dict(),
+    }
+    with open(os.path.join(path, INFO_FILE), 'w') as f:
+      json.dump(info, f, indent=2, sort_keys=True)
+    if self.vocabulary is not None:
+      checkpoints.write_vocabulary(path, self.vocabulary)
+
+  @classmethod
+  def load(cls, path: str, target: t5_model.Model) -> 'FeatureDraft':
+    """Reads a draft written by `save`, for `target`.
+
+    Raises:
+      FileNotFoundError: `path` holds no feature draft.
+      ValueError: the draft was trained for a target of another shape.
+    """
+    path = os.path.abspath(os.fspath(path))
+    info_file = os.path.join(path, INFO_FILE)
+    if not os.path.isfile(info_file):
+      raise FileNotFoundError(f'{path}: no {INFO_FILE}; not a feature draft')
+    with open(info_file) as f:
+      info = json.load(f)
+    _check_target(info['target_config'], target.config, path)
+    cfg = net_config(target.config, info['num_layers'], info['mlp_dim'])
+    abstract = jax.eval_shape(lambda: _init_params(cfg, 0))
+    params = ocp.StandardCheckpointer().restore(
+      os.path.join(path, checkpoints.PARAMS_DIR), abstract
+    )
+    return cls(
+      params=jax.tree.map(jnp.asarray, params),
+      target=target,
+      net_config=cfg,
+      cross_layers=tuple(info['cross_layers']),
+    )
+
+
+def is_feature_draft_dir(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, INFO_FILE))
+
+
+def net_config(
+  target_config: T5Config, num_layers: int, mlp_dim: int | None = None
+) -> T5Config:
+  """The draft network's config: the target's, `num_layers` decoder layers
+  (and `mlp_dim`), no dropout."""
+  return target_config.replace(
+    num_decoder_layers=int(num_layers),
+    num_encoder_layers=1,
+    mlp_dim=int(mlp_dim or target_config.mlp_dim),
+    dropout_rate=0.0,
+  )
+
+
+def _init_params(cfg: T5Config, seed: int) -> Any:
+  b, d = 1, cfg.emb_dim
+  net = FeatureNet(cfg)
+  cross = network.CrossAttentionKV(
+    keys=tuple(
+      jnp.zeros((b, cfg.num_heads, cfg.head_dim, 1), cfg.dtype)
+      for _ in range(cfg.num_decoder_layers)
+    ),
+    values=tuple(
+      jnp.zeros((b, cfg.num_heads, cfg.head_dim, 1), cfg.dtype)
+      for _ in range(cfg.num_decoder_layers)
+    ),
+    encoder_valid=jnp.ones((b, 1), bool),
+  )
+  x = jnp.zeros((b, 1, d), jnp.float32)
+  variables = net.init(jax.random.key(seed), x, x, cross)
+  return nn.meta.unbox(variables['params'])
+
+
+def _copy_from_target(params, target_params, cross_layers, cfg):
+  """Draft layer i as the target's layer `cross_layers[i]` (module doc)."""
+  params = jax.tree.map(jnp.asarray, params)
+  dec = target_params['decoder']
+  out = dict(params)
+  out['relpos_bias'] = jax.tree.map(jnp.asarray, dec['relpos_bias'])
+  out['norm'] = jax.tree.map(jnp.asarray, dec['decoder_norm'])
+  for i, j in enumerate(cross_layers):
+    src = dec[f'layers_{j}']
+    layer = dict(params[f'layers_{i}'])
+    for name, sub in layer.items():
+      if name == 'encoder_decoder_attention':
+        layer[name] = {k: src[name][k] for k in sub}
+      elif name != 'mlp' or cfg.mlp_dim == src['mlp']['wo']['kernel'].shape[0]:
+        layer[name] = src[name]
+    out[f'layers_{i}'] = jax.tree.map(jnp.asarray, layer)
+  return out
+
+
+_SHAPE_FIELDS = (
+  'emb_dim',
+  'num_heads',
+  'head_dim',
+  'vocab_size',
+  'num_decoder_layers',
+  'relative_attention_num_buckets',
+)
+
+
+def _check_target(saved: dict, config: T5Config, path: str) -> None:
+  wrong = [
+    f'{k} {saved.get(k)} != {getattr(config, k)}'
+    for k in _SHAPE_FIELDS
+    if saved.get(k) != getattr(config, k)
+  ]
+  if wrong:
+    raise ValueError(
+      f'{path}: the feature draft was trained for another target '
+      f'({", ".join(wrong)})'
+    )
