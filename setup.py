@@ -62,7 +62,8 @@ setuptools.setup(
         'Speculative decoding (Leviathan et al., 2023) for T5 encoder-decoders'
         ' in JAX/Flax, mirroring T5X.'
     ),
-    python_requires='>=3.10',
+    # The pinned jax, jaxlib, flax and orbax-checkpoint need Python 3.11.
+    python_requires='>=3.11',
     packages=setuptools.find_packages(include=['spec_decode', 'spec_decode.*']),
     package_data={'spec_decode.kernels': ['*.cc']},
     data_files=_data_files('gin') + _data_files('configs'),

@@ -1,6 +1,6 @@
 """The package's layering, measured over `ast` (no imports are executed).
 
-Layers, bottom to top (README "Architecture"): paths and theory; the engine
+Layers, bottom to top (docs/architecture.md): paths and theory; the engine
 in its rooms, core (the primitives) <- policy (costs and the gamma policy)
 <- tree, beam <- chain (`generate`, which hands `tree=` to tree) <- check
 (the pair check); kernels; t5; checkpoints; models and parallel; drafters;

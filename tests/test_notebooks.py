@@ -62,13 +62,44 @@ def test_all_notebooks_are_covered():
   ]
 
 
-def test_notebooks_are_stored_without_outputs():
+def test_notebooks_are_stored_with_their_outputs():
+  """Committed as `make notebooks` ran them (default settings), so GitHub
+  shows them: every code cell ran, in order, without an error; the stored
+  quickstart holds its Figure 1, the theory notebook its figures."""
   for path in glob.glob(os.path.join(_NOTEBOOKS, '*.ipynb')):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    for cell in nb.cells:
-      if cell.cell_type == 'code':
-        assert not cell.outputs, path
+    code = [c for c in nb.cells if c.cell_type == 'code']
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), (
+      path
+    )
+    assert not [
+      o for c in code for o in c.outputs if o.output_type == 'error'
+    ], path
+    assert os.path.getsize(path) < 1_000_000, path
+  stored = _text(
+    nbformat.read(os.path.join(_NOTEBOOKS, 'quickstart.ipynb'), as_version=4)
+  )
+  assert 'provenance of sd.generate equals the replay: True' in stored
+  assert 'background:#c8f7c5' in stored
+  theory = nbformat.read(os.path.join(_NOTEBOOKS, 'theory.ipynb'), 4)
+  assert sum('image/png' in o.get('data', {}) for c in theory.cells
+             for o in c.get('outputs', [])) >= 3  # fmt: skip
+
+
+def test_colab_setup_cell_names_no_placeholder():
+  """Each notebook's Colab cell takes the repository's URL from a form
+  field or $SPEC_DECODE_REPO (else a zip upload); no placeholder URL."""
+  cells = []
+  for path in sorted(glob.glob(os.path.join(_NOTEBOOKS, '*.ipynb'))):
+    nb = nbformat.read(path, as_version=4)
+    [setup] = [
+      c for c in nb.cells if "'google.colab' in sys.modules" in c.source
+    ]
+    assert 'OWNER' not in setup.source
+    assert "REPO_URL = ''  # @param" in setup.source
+    cells.append(setup.source)
+  assert len(set(cells)) == 1  # The same cell in every notebook.
 
 
 def test_quickstart(monkeypatch):
@@ -76,6 +107,7 @@ def test_quickstart(monkeypatch):
   text = _text(nb)
   assert 'rows identical to plain decoding: 2 / 2' in text
   assert 'replay equals sd.generate: True' in text
+  assert 'provenance of sd.generate equals the replay: True' in text
   assert 'Theorem 3.8 predicts' in text
   # The Figure 1 picture: accepted / rejected / corrected spans.
   assert 'background:#c8f7c5' in text and 'background:#c5d8f7' in text

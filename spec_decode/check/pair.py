@@ -7,7 +7,7 @@ through those protocols. It runs:
 1. Greedy identity: plain greedy and speculative greedy decodes of the same
    inputs, at every gamma in `gammas`, must give the same tokens and
    lengths. Deterministic (false-alarm rate 0 in exact arithmetic; a logit
-   near-tie below ~1e-6 could flip an argmax, README "What is guaranteed").
+   near-tie below ~1e-6 could flip an argmax, docs/guarantees.md).
 2. Per sampler (default: temperature 1; with top-k; with top-p), N
    speculative samples of at most `sample_len` tokens for one input, rows
    cycling through `gammas`, and three checks on them against the target's

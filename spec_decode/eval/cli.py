@@ -48,8 +48,8 @@ Partitioned and multi-process runs: NUM_PARTITIONS (or T5X's
 sets the `model` axis of the mesh, `data` takes the other devices; with
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID in the
 environment every process runs this same command on one global mesh, reads
-its share of the examples, and process 0 writes the files (see the README,
-"Running on a TPU mesh or several hosts").
+its share of the examples, and process 0 writes the files (see
+docs/usage/scaling.md, "Running on a TPU mesh or several hosts").
 
 A config that also includes `runs/compare.gin` (and binds DRAFTS) runs
 `spec_decode.eval.compare.compare`: one eval per drafter x temperature x
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   try:
     # Before anything touches JAX: joins the other processes when the
-    # environment names a coordinator (README: several hosts).
+    # environment names a coordinator (docs/usage/scaling.md).
     multihost.initialize()
   except ValueError as e:
     _error(e)
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     _error(
       'the default run (configs/demo_debian_ende.gin) needs the trained demo '
       f'pair, and {", ".join(_missing_demo_checkpoints())} does not exist '
-      'yet.\nTrain it with `spec-decode train` (see the README), or run '
-      'another config, e.g.\n'
+      'yet.\nTrain it with `spec-decode train` (docs/usage/training.md), or '
+      'run another config, e.g.\n'
       '  spec-decode eval --gin_file=configs/smoke_synthetic.gin'
     )
     return 1

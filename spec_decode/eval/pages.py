@@ -66,7 +66,7 @@ h1 {{ font-size: 1.3em; }}
 .legend {{ line-height: 2; }}
 .legend span {{ padding: 0.1em 0.4em; margin-right: 0.6em;
   white-space: nowrap; }}
-img {{ max-width: 32%; margin-right: 1%; }}
+img {{ height: 150px; margin-right: 0.5em; }}
 """
 
 
@@ -120,16 +120,16 @@ def coloured(
 
 
 def _legend() -> str:
-  return (
-    '<p class="legend">'
-    + _span('acc', 'accepted draft token')
-    + _span('rej', 'rejected draft token')
-    + _span('rep', "target's token after a rejection")
-    + _span('bon', 'bonus token (whole block accepted)')
-    + _span('tgt', 'plain target step (γ 0)')
-    + '<span class="it">&nbsp;</span> a bar starts each iteration '
-    '(one target call)</p>'
-  )
+  items = [
+    _span('acc', 'accepted draft token'),
+    _span('rej', 'rejected draft token'),
+    _span('rep', "target's token after a rejection"),
+    _span('bon', 'bonus token (whole block accepted)'),
+    _span('tgt', 'plain target step (γ 0)'),
+    '<span class="it">&nbsp;</span>a bar starts each iteration (one target '
+    'call)',
+  ]
+  return '<p class="legend">' + ' '.join(items) + '</p>'
 
 
 def _chain_example(rec, spec, decode) -> str:

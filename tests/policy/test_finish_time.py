@@ -290,7 +290,7 @@ def test_policy_meets_the_aims_under_the_measured_costs():
   # gamma in every cell of the bench grid, alpha 0.5/0.8/0.95) on the
   # machine the policy models: the costs the CPU measured, acceptance as
   # the bench's controlled draft makes it. What the real grid adds (timing
-  # noise, costs the model does not see) is in docs/benchmarks.md.
+  # noise, costs the model does not see) is in docs/benchmarks_log.md.
   # Measured here: worst 0.971x plain (batch 16, alpha 0.95, the later
   # costs), 0.982x best fixed (batch 2, alpha 0.5). Poor drafts, not in the
   # grid (alpha 0.2, 0.3): exploring costs up to 3.5% (batch 2, alpha 0.2:
