@@ -11,6 +11,7 @@ files, ours or T5X's, are read by `T5Config.from_gin`,
   hf_config.py    HF config.json <-> T5Config, HF names <-> ours, the output
                   scaling per model type
   t5x.py          a T5X checkpoint directory (msgpack + zarr arrays)
+  t5x_layout.py   T5X scalable_t5 (3-D kernels, scanned layers) -> our layout
   assemble.py     names and shapes checked against the config, one tensor
                   at a time, cast to the requested dtype
   convert.py      `spec-decode convert`: any format -> ours

@@ -9,7 +9,8 @@ vocabulary (`Model.load` builds the model from them):
     weights; see `huggingface.py`);
   * a T5X checkpoint directory (`checkpoint` msgpack + zarr arrays; see
     `t5x.py`), or a T5X model directory holding `checkpoint_<step>`
-    subdirectories (the latest step is loaded).
+    subdirectories (the latest step is loaded); `scalable_t5`'s layout,
+    scanned or not, is unstacked into ours (`t5x_layout.py`).
 
 Every format is read one tensor at a time, cast straight to the requested
 dtype, after the names and shapes were checked against the config.
@@ -28,6 +29,7 @@ import numpy as np
 from spec_decode.checkpoints import assemble
 from spec_decode.checkpoints import huggingface
 from spec_decode.checkpoints import t5x
+from spec_decode.checkpoints import t5x_layout
 from spec_decode.checkpoints.assemble import CheckpointError
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.config import T5Config
@@ -143,7 +145,8 @@ def read(
         'config=T5Config(...) or gin_file=... (e.g. models/t5_1_1/base.gin)'
       )
     config = _with_dtype(config, dtype)
-    source = t5x.T5XSource(directory)
+    source = t5x_layout.T5XLayoutSource(t5x.T5XSource(directory), config)
+    source.check(config)
     params = assemble.assemble_params(config, source, wrap, placed(config))
     vocab = None
   vocab = vocabulary if vocabulary is not None else vocab

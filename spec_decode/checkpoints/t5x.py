@@ -14,8 +14,9 @@ A T5X checkpoint directory (`.../checkpoint_<step>/`) holds:
   * one zarr array directory per partitioned parameter, named after its path
     in the state dict with `/` replaced by `.` (`target.token_embedder.
     embedding`).
-The parameter tree under `target` is exactly ours (T5X's `examples/t5`
-network), so no renaming is needed. T5X stores no hyperparameters with the
+The parameter tree under `target` is exactly ours for T5X's `examples/t5`
+network; `scalable_t5`'s (3-D attention kernels, scanned layers) is read
+into ours by `t5x_layout.py`. T5X stores no hyperparameters with the
 weights: they come from a gin model file or a `T5Config`.
 
 `save` writes the same layout from a `Model` (tests use it; it also lets a
@@ -144,6 +145,25 @@ class T5XSource:
     except Exception as e:
       raise CheckpointError(
         f'{self.description}: cannot read {name}: {e}'
+      ) from e
+
+  def read_slice(
+    self, name: str, axis: int, index: int, dtype: np.dtype
+  ) -> np.ndarray:
+    """Entry `index` along `axis` of a stacked (scanned) parameter; from
+    a TensorStore array only the chunks that hold it are read."""
+    leaf = self._leaves[name]
+    where = (slice(None),) * axis + (index,)
+    if not _is_spec(leaf):
+      return to_dtype(np.asarray(leaf)[where], dtype)
+    store = self._open(name)[where]
+    if store.dtype.numpy_dtype != dtype:
+      store = ts.cast(store, dtype)
+    try:
+      return store.read().result()
+    except Exception as e:
+      raise CheckpointError(
+        f'{self.description}: cannot read {name}[layer {index}]: {e}'
       ) from e
 
 

@@ -168,11 +168,21 @@ def resolve(
   )
 
 
+# T5X `scalable_t5` T5Config fields about training only (layers scanned,
+# rematerialized): skipped by name. A scanned checkpoint's layer axis is read
+# from its stored shapes (`checkpoints/t5x_layout.py`), not from these.
+_TRAINING_ONLY_FIELDS = frozenset(
+  {'scan_layers', 'param_scan_axis', 'remat_policy'}
+)
+
+
 class _Reader:
   """Collects macros and the bindings that matter, in file order."""
 
   def __init__(self, search_paths: Sequence[str]):
     self.search_paths = list(search_paths)
+    self.imports: dict[str, str] = {}  # name in the file -> module
+    self.scalable = False
     self.macros: dict[str, Any] = {}
     self.config: dict[str, tuple[Any, str]] = {}
     self.vocab: dict[str, tuple[Any, str]] = {}
@@ -194,6 +204,9 @@ class _Reader:
       if isinstance(st, config_parser.IncludeStatement):
         included = resolve(st.filename, self.search_paths, origin)
         self.read_file(included, depth + 1)
+      elif isinstance(st, config_parser.ImportStatement):
+        name = st.alias or st.module.split('.')[-1]
+        self.imports[name] = st.module
       elif isinstance(st, config_parser.BindingStatement):
         self._bind(st, f'{origin}:{st.location.line_num}')
 
@@ -204,6 +217,14 @@ class _Reader:
     kind = st.selector.split('.')[-1]
     binding = f'{st.selector}.{st.arg_name}'
     if kind == 'T5Config':
+      owner = st.selector.split('/')[-1].split('.')[0]
+      module = self.imports.get(owner, st.selector)
+      # scalable_t5's layers each hold their own relative position table.
+      self.scalable |= 'scalable_t5' in module
+      if st.arg_name in _TRAINING_ONLY_FIELDS:
+        self.skipped.append(binding)
+        self.skipped_values[binding] = gin_text(st.value)
+        return
       self.config[st.arg_name] = (st.value, f'{where}: {binding}')
     elif kind == 'SentencePieceVocabulary':
       self.vocab[st.arg_name] = (st.value, f'{where}: {binding}')
@@ -288,6 +309,8 @@ def read(
         raise ValueError(f'{where} is %gin.REQUIRED; bind it')
       value = 0.0
     config[name] = value
+  if reader.scalable:
+    config.setdefault('per_layer_relpos_bias', True)
   vocab = {
     k: reader.value(raw, where) for k, (raw, where) in reader.vocab.items()
   }
