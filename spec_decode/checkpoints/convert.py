@@ -17,6 +17,7 @@ import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.byte_vocab import ByteVocabulary
 from spec_decode.t5.config import T5Config
 
 
@@ -53,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument(
     '--vocab',
     help='sentencepiece model to store with the weights (T5X checkpoints '
-    'carry none; overrides a Hugging Face spiece.model)',
+    "carry none; overrides a Hugging Face spiece.model), or 'byte' for "
+    "ByT5's byte vocabulary (with --extra_ids)",
   )
   p.add_argument(
     '--extra_ids',
@@ -73,7 +75,9 @@ def main(argv=None) -> int:
     with open(args.config) as f:
       config = T5Config.from_json(f.read())
   vocabulary = None
-  if args.vocab:
+  if args.vocab == 'byte':
+    vocabulary = ByteVocabulary(extra_ids=args.extra_ids)
+  elif args.vocab:
     vocabulary = vocab_lib.Vocabulary.from_file(
       args.vocab, extra_ids=args.extra_ids
     )
@@ -105,7 +109,8 @@ def main(argv=None) -> int:
   )
   if ckpt.vocabulary is None:
     print(
-      'warning: no vocabulary stored (pass --vocab spiece.model)',
+      'warning: no vocabulary stored (pass --vocab spiece.model, or '
+      '--vocab byte for ByT5)',
       file=sys.stderr,
     )
   return 0

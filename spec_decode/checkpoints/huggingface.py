@@ -34,6 +34,7 @@ from spec_decode.checkpoints.hf_config import name_map
 from spec_decode.checkpoints.hf_config import read_hf_config
 from spec_decode.checkpoints.hf_config import scales_decoder_output
 from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.byte_vocab import ByteVocabulary
 from spec_decode.t5.config import T5Config
 
 SAFETENSORS_FILE = 'model.safetensors'
@@ -290,18 +291,26 @@ def load_hf_config(path: str) -> tuple[T5Config, bool]:
 
 
 def load_vocabulary(path: str) -> vocab_lib.Vocabulary | None:
-  """`spiece.model` with the tokenizer config's `extra_ids` (default 100)."""
+  """`spiece.model` with the tokenizer config's `extra_ids` (default 100);
+  a ByT5 tokenizer config without one: the byte vocabulary."""
   file = os.path.join(path, SPIECE_FILE)
-  if not os.path.isfile(file):
-    return None
-  extra = vocab_lib.DEFAULT_EXTRA_IDS
+  tok = {}
   tok_cfg = os.path.join(path, 'tokenizer_config.json')
   if os.path.isfile(tok_cfg):
     try:
       with open(tok_cfg) as f:
-        extra = int(json.load(f).get('extra_ids', extra))
+        tok = json.load(f)
     except (json.JSONDecodeError, TypeError, ValueError):
       pass
+  if not os.path.isfile(file):
+    if tok.get('tokenizer_class') == 'ByT5Tokenizer':
+      # HF lists ByT5's 125 sentinels as added tokens (extra_ids 0).
+      extra = len(tok.get('extra_special_tokens') or ()) or int(
+        tok.get('extra_ids') or 125
+      )
+      return ByteVocabulary(extra_ids=extra)
+    return None
+  extra = int(tok.get('extra_ids', vocab_lib.DEFAULT_EXTRA_IDS))
   return vocab_lib.Vocabulary.from_file(file, extra_ids=extra)
 
 
@@ -333,7 +342,16 @@ def save_safetensors(
     )
   with open(os.path.join(path, CONFIG_FILE), 'w') as f:
     json.dump(hf_config_dict(config), f, indent=2)
-  if model.vocabulary is not None:
+  if isinstance(model.vocabulary, ByteVocabulary):
+    with open(os.path.join(path, 'tokenizer_config.json'), 'w') as f:
+      json.dump(
+        {
+          'tokenizer_class': 'ByT5Tokenizer',
+          'extra_ids': model.vocabulary.extra_ids,
+        },
+        f,
+      )
+  elif model.vocabulary is not None:
     with open(os.path.join(path, SPIECE_FILE), 'wb') as f:
       f.write(model.vocabulary.serialized)
   if not max_shard_bytes:

@@ -32,6 +32,7 @@ from spec_decode.checkpoints import t5x
 from spec_decode.checkpoints import t5x_layout
 from spec_decode.checkpoints.assemble import CheckpointError
 from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.byte_vocab import ByteVocabulary
 from spec_decode.t5.config import T5Config
 
 PARAMS_DIR = 'params'
@@ -131,13 +132,15 @@ def read(
   if fmt == ORBAX:
     stored, vocab = _read_ours(directory)
     config = _with_dtype(config or stored, dtype)
+    _check_vocab_fits(vocabulary or vocab, config, directory)
     params = _restore_orbax(directory, config, wrap, placed(config))
   elif fmt == HUGGING_FACE:
     stored, scaled = huggingface.load_hf_config(directory)
     config = _with_dtype(config or stored, dtype)
+    vocab = huggingface.load_vocabulary(directory)
+    _check_vocab_fits(vocabulary or vocab, config, directory)
     source = huggingface.HFSource(directory, config, scaled)
     params = assemble.assemble_params(config, source, wrap, placed(config))
-    vocab = huggingface.load_vocabulary(directory)
   else:
     if config is None:
       raise ValueError(
@@ -145,6 +148,7 @@ def read(
         'config=T5Config(...) or gin_file=... (e.g. models/t5_1_1/base.gin)'
       )
     config = _with_dtype(config, dtype)
+    _check_vocab_fits(vocabulary, config, directory)
     source = t5x_layout.T5XLayoutSource(t5x.T5XSource(directory), config)
     source.check(config)
     params = assemble.assemble_params(config, source, wrap, placed(config))
@@ -158,11 +162,28 @@ def _with_dtype(config: T5Config, dtype: Any) -> T5Config:
   return config if dtype is None else config.replace(param_dtype=dtype)
 
 
+# T5X pads embedding rows to a multiple of 128 (32100 ids -> 32128 rows).
+_ROW_PADDING = 128
+
+
 def _check_vocab_fits(vocab, config: T5Config, directory: str) -> None:
-  if vocab is not None and vocab.vocab_size > config.vocab_size:
+  """Refuses, before any weight is read, a vocabulary larger than the
+  embedding, or smaller than it by more than T5X's padding (a 32k T5 file on
+  mT5's 250k rows decodes to unknown pieces)."""
+  if vocab is None:
+    return
+  ids, rows = vocab.vocab_size, config.vocab_size
+  what = f'the vocabulary {vocab!r}'
+  if ids > rows:
     raise CheckpointError(
-      f'{directory}: the vocabulary has {vocab.vocab_size} ids but the '
-      f'model only {config.vocab_size} embedding rows'
+      f'{directory}: {what} has {ids} ids but the model only {rows} '
+      'embedding rows'
+    )
+  if rows - ids >= _ROW_PADDING:
+    raise CheckpointError(
+      f'{directory}: {what} has {ids} ids but the model {rows} embedding '
+      f"rows, more than T5X pads ({_ROW_PADDING}): not this model's "
+      'vocabulary (pass the one it was trained with)'
     )
 
 
@@ -179,18 +200,25 @@ def read_vocabulary(directory: str) -> vocab_lib.Vocabulary | None:
   `drafters.Heads.save` write them.
   """
   vocab_file = os.path.join(directory, VOCAB_FILE)
+  info_file = os.path.join(directory, VOCAB_INFO_FILE)
+  info = {}
+  if os.path.isfile(info_file):
+    with open(info_file) as f:
+      info = json.load(f)
+  if info.get('type') == 'byte':
+    return ByteVocabulary(extra_ids=int(info['extra_ids']))
   if not os.path.isfile(vocab_file):
     return None
-  extra = vocab_lib.DEFAULT_EXTRA_IDS
-  info = os.path.join(directory, VOCAB_INFO_FILE)
-  if os.path.isfile(info):
-    with open(info) as f:
-      extra = int(json.load(f)['extra_ids'])
+  extra = int(info.get('extra_ids', vocab_lib.DEFAULT_EXTRA_IDS))
   return vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
 
 
 def write_vocabulary(directory: str, vocab: vocab_lib.Vocabulary) -> None:
   """Writes what `read_vocabulary` reads."""
+  if isinstance(vocab, ByteVocabulary):
+    with open(os.path.join(directory, VOCAB_INFO_FILE), 'w') as f:
+      json.dump({'type': 'byte', 'extra_ids': vocab.extra_ids}, f)
+    return
   with open(os.path.join(directory, VOCAB_FILE), 'wb') as f:
     f.write(vocab.serialized)
   with open(os.path.join(directory, VOCAB_INFO_FILE), 'w') as f:

@@ -7,5 +7,6 @@ names, the per-row KV cache, and the vocabularies.
   long_attention.py  LongT5's local and transient-global encoder attention
   cache.py     the functional KV cache with a per-row write index
   vocab.py     the sentencepiece `Vocabulary` with T5's conventions
+  byte_vocab.py  ByT5's `ByteVocabulary` (seqio's), the same interface
   gin_file.py  model gin files (ours or T5X's) read as a file format
 """

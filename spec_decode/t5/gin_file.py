@@ -39,6 +39,7 @@ from typing import Any
 from gin import config_parser
 from spec_decode import paths
 from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.byte_vocab import ByteVocabulary
 
 _REQUIRED = 'gin.REQUIRED'
 _MAX_INCLUDE_DEPTH = 32
@@ -94,6 +95,7 @@ class ModelFile:
   extra_ids: int | None
   skipped: tuple[str, ...]
   skipped_values: dict[str, str] = dataclasses.field(default_factory=dict)
+  byte_vocabulary: bool = False  # `VOCABULARY = @seqio.ByteVocabulary()`
 
   def local_vocabulary(self) -> vocab_lib.Vocabulary | None:
     """The vocabulary the file names, if it is a file on this machine.
@@ -102,6 +104,8 @@ class ModelFile:
     vocabulary), so they give None rather than a network read. Extra ids
     default to 0, as in seqio (T5's "100extra" models hold them already).
     """
+    if self.byte_vocabulary:
+      return ByteVocabulary(extra_ids=self.extra_ids or 0)
     if not self.vocabulary or not os.path.isfile(self.vocabulary):
       return None
     return vocab_lib.Vocabulary.from_file(
@@ -226,7 +230,7 @@ class _Reader:
         self.skipped_values[binding] = gin_text(st.value)
         return
       self.config[st.arg_name] = (st.value, f'{where}: {binding}')
-    elif kind == 'SentencePieceVocabulary':
+    elif kind in ('SentencePieceVocabulary', 'ByteVocabulary'):
       self.vocab[st.arg_name] = (st.value, f'{where}: {binding}')
     elif kind == 'EncoderDecoderModel':
       if st.arg_name not in _MODEL_ARGS_WITHOUT_EFFECT:
@@ -315,6 +319,8 @@ def read(
     k: reader.value(raw, where) for k, (raw, where) in reader.vocab.items()
   }
   extra_ids = vocab.get('extra_ids')
+  named = reader.macros.get('VOCABULARY')
+  byte = isinstance(named, _Reference) and named.name.endswith('ByteVocabulary')
   return ModelFile(
     path=path,
     config=config,
@@ -322,4 +328,5 @@ def read(
     extra_ids=None if extra_ids is None else int(extra_ids),
     skipped=tuple(reader.skipped),
     skipped_values=dict(reader.skipped_values),
+    byte_vocabulary=byte,
   )
