@@ -153,11 +153,11 @@ def generate(
   else:
     enc = jnp.asarray(tokens)
   if tree is not None:
-    out, lengths, counters, report = tree_generation.run(
+    out, lengths, counters, report, prov = tree_generation.run(
       model, draft, enc, keys, settings, tree_shape, batch
     )
     stats = SpecStats.from_counters(counters, lengths)
-    return GenerateOutput(out, lengths, stats, tree=report)
+    return GenerateOutput(out, lengths, stats, tree=report, provenance=prov)
   if draft is None:
     out, lengths = placement.to_host(
       loops.plain_decode_jit(model, enc, keys, settings=settings)

@@ -126,6 +126,53 @@ def chain_block(
   return codes.astype(jnp.int8), rejected.astype(jnp.int32)
 
 
+def tree_block(
+  accepted: jax.Array,
+  path: jax.Array,
+  tried: jax.Array,
+  tokens: jax.Array,
+  children: jax.Array,
+  ranks: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Codes, rejected tokens and ranks `[B, D + 1]` of one verified tree.
+
+  Args:
+    accepted: `[B]` nodes accepted along the path, a.
+    path: `[B, D + 1]` the nodes from the root (0) to the last accepted
+      one, then that node repeated.
+    tried: `[B, N]` node i + 1 was tested.
+    tokens: `[B, N]` the proposed token of node i + 1.
+    children: `[N + 1, W]` node u's rank-r child, or -1.
+    ranks: `[N + 1]` each node's rank among its siblings.
+
+  Returns:
+    codes: ACCEPTED along the path, then REPLACED where a child of the last
+      accepted node was tested (and so rejected), else BONUS; START on
+      offset 0. rejected: at offset a, the lowest-ranked tested child's
+      token where there is one, else -1. rank: each accepted node's rank.
+  """
+  d = path.shape[1] - 1
+  offsets = jnp.arange(d + 1)[None, :]
+  a = accepted[:, None]
+  node = jnp.take_along_axis(path, a, axis=1)[:, 0]
+  kids = children[node]  # [B, W]
+  kid_tried = (kids > 0) & jnp.take_along_axis(
+    tried, jnp.maximum(kids - 1, 0), axis=1
+  )
+  replaced = jnp.any(kid_tried, axis=1)[:, None]
+  first = jnp.take_along_axis(
+    kids, jnp.argmax(kid_tried, axis=1)[:, None], axis=1
+  )
+  first_token = jnp.take_along_axis(tokens, jnp.maximum(first - 1, 0), axis=1)
+  last = jnp.where(replaced, REPLACED, BONUS)
+  codes = jnp.where(offsets < a, ACCEPTED, last)
+  codes = codes + jnp.where(offsets == 0, START, 0)
+  rejected = jnp.where((offsets == a) & replaced, first_token, -1)
+  path_ranks = jnp.pad(ranks[path[:, 1:]], ((0, 0), (0, 1)))
+  rank = jnp.where(offsets < a, path_ranks, 0)
+  return codes.astype(jnp.int8), rejected.astype(jnp.int32), rank
+
+
 def target_block(batch: int) -> jax.Array:
   """Codes `[B, 1]` of a plain target step (an iteration of one token)."""
   return jnp.full((batch, 1), TARGET | START, jnp.int8)

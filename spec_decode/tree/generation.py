@@ -3,7 +3,9 @@
 `generate` calls `check` before anything compiles and `decode` to run the
 loop; the statistics come back as the chain loop's counters (for
 `SpecStats`: depth d plays position d) plus a `tree` report with the
-per-node, per-depth and per-rank acceptance that `tree='auto'` uses.
+per-node, per-depth and per-rank acceptance that `tree='auto'` uses, and
+the tokens' provenance (`core.provenance`: the accepted path, each node's
+rank among its siblings, the target's token and the rejected child).
 """
 
 import dataclasses
@@ -13,6 +15,7 @@ import jax
 import numpy as np
 
 from spec_decode.core import placement
+from spec_decode.core import provenance
 from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
@@ -88,10 +91,19 @@ def _spec_counters(counters: tree_loop.TreeCounters) -> SpecCounters:
   )
 
 
+def _provenance(record, settings, batch):
+  """The first `batch` rows' `core.provenance.Provenance` (or None)."""
+  if record is None:
+    return None
+  prov = provenance.Provenance.of(record, settings.max_decode_len)
+  return prov.rows(slice(0, batch))
+
+
 def decode(model, draft, enc, keys, settings, shape, batch):
-  """Runs the tree loop; returns tokens, lengths, `SpecCounters` and
-  the tree report (host numpy, the first `batch` rows)."""
-  out, lengths, counters = placement.to_host(
+  """Runs the tree loop; returns tokens, lengths, `SpecCounters`, the
+  tree report and the tokens' provenance (host numpy, the first `batch`
+  rows)."""
+  out, lengths, counters, record = placement.to_host(
     tree_loop.tree_decode_jit(
       model,
       draft,
@@ -104,7 +116,8 @@ def decode(model, draft, enc, keys, settings, shape, batch):
   counters = jax.tree.map(lambda x: np.asarray(x)[:batch], counters)
   lengths = lengths[:batch]
   spec = _spec_counters(counters)
-  return out[:batch], lengths, spec, report(shape, counters, lengths)
+  prov = _provenance(record, settings, batch)
+  return out[:batch], lengths, spec, report(shape, counters, lengths), prov
 
 
 def decode_auto(model, draft, enc, keys, settings, batch):
@@ -147,8 +160,8 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     shape=shape,
     state=state,
   )
-  (out, lengths), counters = placement.to_host(
-    (tree_loop.outputs(state, settings), state.counters)
+  (out, lengths), counters, record = placement.to_host(
+    (tree_loop.outputs(state, settings), state.counters, state.provenance)
   )
   out, lengths = out[:batch], lengths[:batch]
   counters = jax.tree.map(lambda x: x[:batch], counters)
@@ -167,7 +180,7 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     measured_tokens_per_call=tree['tokens_per_call'],
   )
   spec = _joined(_spec_counters(cal_counters), _spec_counters(counters))
-  return out, lengths, spec, tree
+  return out, lengths, spec, tree, _provenance(record, settings, batch)
 
 
 def _joined(a: SpecCounters, b: SpecCounters) -> SpecCounters:

@@ -32,6 +32,7 @@ from jax import lax
 from spec_decode.core import buffer
 from spec_decode.core import drafter
 from spec_decode.core import model_drafter
+from spec_decode.core import provenance as provenance_lib
 from spec_decode.core import sampling
 from spec_decode.core import verified_block
 from spec_decode.core.decode_settings import DecodeSettings
@@ -96,6 +97,9 @@ class TreeLoopState:
       inputs n-K..n-1 (the last predicted the newest token) for drafters
       with target features: K = the deepest tree + 1 for drafters that read
       recent features, else 1 (`core.drafter.feature_window`); or None.
+    provenance: where each output token came from (the accepted path's
+      ranks too; `core.provenance.Record`); None when
+      `settings.provenance` is off.
   """
 
   inputs: jax.Array
@@ -106,6 +110,7 @@ class TreeLoopState:
   draft: object
   counters: TreeCounters
   features: jax.Array | None = None
+  provenance: provenance_lib.Record | None = None
 
 
 def _count(c: TreeCounters, shape, result, valid, active, kept):
@@ -162,10 +167,9 @@ def start(
   cache_len = settings.max_decode_len + num_nodes + 2
   # The window of the inputs one iteration can commit (depth + 1).
   features = drafter.feature_window(proposer, target, batch, depth + 1)
+  width = settings.max_decode_len + depth + 2
   return TreeLoopState(
-    inputs=jnp.full(
-      (batch, settings.max_decode_len + depth + 2), PAD_ID, jnp.int32
-    ),
+    inputs=jnp.full((batch, width), PAD_ID, jnp.int32),
     length=jnp.zeros((batch,), jnp.int32),
     done=jnp.zeros((batch,), bool),
     step=jnp.zeros((), jnp.int32),
@@ -173,6 +177,9 @@ def start(
     draft=proposer.init_draft(encoder_tokens, cache_len),
     counters=TreeCounters.zeros(batch, shape),
     features=features,
+    provenance=(
+      provenance_lib.Record.zeros(batch, width) if settings.provenance else None
+    ),
   )
 
 
@@ -219,6 +226,7 @@ def iterate(
   with_features = bool(getattr(proposer, 'uses_target_features', False))
   attention = shape.target_attention()
   rows = jnp.arange(batch)
+  children, ranks = jnp.asarray(shape.children), jnp.asarray(shape.ranks)
 
   def body(state: TreeLoopState) -> TreeLoopState:
     n = state.length
@@ -264,6 +272,15 @@ def iterate(
     inputs, length, done, kept = buffer.commit_block(
       state, block, a + 1, settings
     )
+    record = state.provenance
+    if record is not None:
+      record = record.write(
+        n,
+        kept,
+        *provenance_lib.tree_block(
+          a, result.path, result.tried, proposal.tokens, children, ranks
+        ),
+      )
     features = state.features
     if with_features:
       # The hidden state at each node of the accepted path (the root
@@ -283,6 +300,7 @@ def iterate(
         state.counters, shape, result, proposal.valid, active, kept
       ),
       features=features,
+      provenance=record,
     )
 
   limit = jnp.minimum(
@@ -320,7 +338,8 @@ def tree_decode(
     shape: the static tree.
 
   Returns:
-    tokens `[B, M]`, lengths `[B]`, `TreeCounters`.
+    tokens `[B, M]`, lengths `[B]`, `TreeCounters` and the
+    `core.provenance.Record` (None with `settings.provenance` off).
   """
   state = start(target, draft, encoder_tokens, settings, shape)
   state = iterate(
@@ -328,7 +347,7 @@ def tree_decode(
     settings.max_decode_len,
   )  # fmt: skip
   tokens, lengths = outputs(state, settings)
-  return tokens, lengths, state.counters
+  return tokens, lengths, state.counters, state.provenance
 
 
 tree_decode_jit = jax.jit(tree_decode, static_argnames=('settings', 'shape'))

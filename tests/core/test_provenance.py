@@ -60,3 +60,33 @@ def test_host_view_splits_iterations():
   plain = prov.Provenance.plain(np.array([2, 0]), 3)
   assert plain.iterations(0) == [[(0, T, -1)], [(1, T, -1)]]
   assert plain.iterations(1) == []
+
+
+def test_tree_block_codes_ranks_and_the_rejected_child():
+  from spec_decode.core import tree_shape  # pylint: disable=g-import-not-at-top
+
+  shape = tree_shape.from_branching((2, 1))  # 1:[0] 2:[1] 3:[0,0] 4:[1,0]
+  children = jnp.asarray(shape.children)
+  ranks = jnp.asarray(shape.ranks)
+  tokens = jnp.array([[11, 12, 13, 14]] * 3)
+  # Row 0: node 2 (rank 1) accepted, its child 4 tried and rejected.
+  # Row 1: nodes 1 and 3 accepted (a leaf: the bonus token).
+  # Row 2: nothing accepted, both depth-1 nodes tried.
+  path = jnp.array([[0, 2, 2], [0, 1, 3], [0, 0, 0]])
+  tried = jnp.array(
+    [
+      [True, True, False, True],
+      [True, False, True, False],
+      [True] * 2 + [False] * 2,
+    ]
+  )
+  codes, rejected, rank = prov.tree_block(
+    jnp.array([1, 2, 0]), path, tried, tokens, children, ranks
+  )
+  np.testing.assert_array_equal(
+    codes, [[A | S, R, R], [A | S, A, B], [R | S, R, R]]
+  )
+  np.testing.assert_array_equal(
+    rejected, [[-1, 14, -1], [-1, -1, -1], [11, -1, -1]]
+  )
+  np.testing.assert_array_equal(rank, [[1, 0, 0], [0, 0, 0], [0, 0, 0]])

@@ -106,6 +106,10 @@ def _check_auto_decode(target, draft, cost_fit=None):
   assert cal['iterations'] == tree_auto.calibration_iterations(12) == 1
   depth = max(len(p) for p in auto['paths'])
   assert out.stats.gamma == max(calibration.depth, depth)
+  # The provenance covers both phases: an iteration start per target call.
+  for r in range(8):
+    assert len(out.provenance.kinds(r)) == out.lengths[r]
+    assert len(out.provenance.iterations(r)) == out.stats.row_iterations[r]
   if cost_fit is not None:
     np.testing.assert_allclose(auto['cost_fit'], cost_fit)
 

@@ -90,8 +90,40 @@ def test_chain_shaped_tree_equals_the_chain_loop(
     tree.stats.row_accepted_histogram, chain.stats.row_accepted_histogram
   )
   np.testing.assert_allclose(tree.stats.alpha, chain.stats.alpha, rtol=1e-5)
+  # The same provenance: accepted, replaced (and the rejected draft token,
+  # the rank-0 child), bonus, iteration starts.
+  np.testing.assert_array_equal(tree.provenance.codes, chain.provenance.codes)
+  np.testing.assert_array_equal(
+    tree.provenance.rejected, chain.provenance.rejected
+  )
   if kw:  # Sampling accepted and rejected in the same batch.
     assert 0.05 < chain.stats.alpha < 0.95
+
+
+@pytest.mark.parametrize('name', sorted(TREES))
+def test_provenance_records_the_accepted_path(greedy_runs, name):
+  """Greedy trees: every iteration starts once, accepted nodes match the
+  counters and carry their sibling rank, a replaced token differs from
+  the draft's rejected child."""
+  from spec_decode.core import provenance as prov  # pylint: disable=g-import-not-at-top
+
+  out = greedy_runs(name)
+  p = out.provenance
+  width = tree_lib.parse(TREES[name]).width
+  ranks_seen = set()
+  for r in range(out.tokens.shape[0]):
+    n = out.lengths[r]
+    kinds = np.asarray(p.kinds(r))
+    assert len(kinds) == n
+    assert len(p.iterations(r)) == out.stats.row_iterations[r]
+    acc = kinds == prov.ACCEPTED
+    assert acc.sum() == out.stats.row_position_accepts[r].sum()
+    rep = kinds == prov.REPLACED
+    assert (p.rejected[r, :n][rep] != out.tokens[r, :n][rep]).all()
+    assert (p.rejected[r, :n][~rep] == -1).all()
+    assert (p.rank[r, :n][~acc] == 0).all()
+    ranks_seen |= set(p.rank[r, :n][acc].tolist())
+  assert max(ranks_seen) > 0 and max(ranks_seen) < width
 
 
 def test_table_draft_trees(target, enc, plain):
