@@ -106,6 +106,7 @@ def read(
   vocabulary: vocab_lib.Vocabulary | None = None,
   progress: bool = False,
   shardings: Callable[[T5Config], dict[str, Any]] | None = None,
+  fallback_vocabulary: vocab_lib.Vocabulary | None = None,
 ) -> Checkpoint:
   """Reads any supported checkpoint directory (`Model.load` wraps this).
 
@@ -120,6 +121,9 @@ def read(
     progress: show a tqdm progress bar over tensors.
     shardings: config -> {'a/b/kernel': Sharding}; each tensor is read
       straight into its shards.
+    fallback_vocabulary: the vocabulary when neither `vocabulary` nor the
+      checkpoint gives one (a gin file's); size-checked like them, before
+      any weight is read.
 
   Raises:
     FileNotFoundError: `path` or a file it needs does not exist.
@@ -131,6 +135,7 @@ def read(
   placed = lambda cfg: shardings(cfg) if shardings else None
   if fmt == ORBAX:
     stored, vocab = _read_ours(directory)
+    vocab = vocab if vocab is not None else fallback_vocabulary
     config = _with_dtype(config or stored, dtype)
     _check_vocab_fits(vocabulary or vocab, config, directory)
     params = _restore_orbax(directory, config, wrap, placed(config))
@@ -138,6 +143,7 @@ def read(
     stored, scaled = huggingface.load_hf_config(directory)
     config = _with_dtype(config or stored, dtype)
     vocab = huggingface.load_vocabulary(directory)
+    vocab = vocab if vocab is not None else fallback_vocabulary
     _check_vocab_fits(vocabulary or vocab, config, directory)
     source = huggingface.HFSource(directory, config, scaled)
     params = assemble.assemble_params(config, source, wrap, placed(config))
@@ -148,11 +154,11 @@ def read(
         'config=T5Config(...) or gin_file=... (e.g. models/t5_1_1/base.gin)'
       )
     config = _with_dtype(config, dtype)
-    _check_vocab_fits(vocabulary, config, directory)
+    vocab = fallback_vocabulary
+    _check_vocab_fits(vocabulary or vocab, config, directory)
     source = t5x_layout.T5XLayoutSource(t5x.T5XSource(directory), config)
     source.check(config)
     params = assemble.assemble_params(config, source, wrap, placed(config))
-    vocab = None
   vocab = vocabulary if vocabulary is not None else vocab
   _check_vocab_fits(vocab, config, directory)
   return Checkpoint(config, params, vocab, fmt)

@@ -171,8 +171,9 @@ class Model:
         (the shapes must still agree).
       gin_file: a model gin file giving the hyperparameters, instead of
         `config`: ours (`models/t5_1_1/xxl.gin`) or T5X's own, unchanged.
-        When the checkpoint stores no vocabulary (T5X), the sentencepiece
-        file the gin file names is used if it is a local file.
+        When the checkpoint stores no vocabulary (T5X), the vocabulary the
+        gin file names (a local sentencepiece file, or seqio's
+        ByteVocabulary) is used, size-checked before any weight is read.
       dtype: parameter storage dtype (e.g. `'bfloat16'`); default the
         config's `param_dtype` (float32). Activations follow `config.dtype`.
       vocabulary: overrides (or supplies, for T5X) the vocabulary.
@@ -199,9 +200,11 @@ class Model:
       vocabulary=vocabulary,
       progress=progress,
       shardings=partitioner.param_shardings_flat if partitioner else None,
+      fallback_vocabulary=gin_vocab,
     )
-    vocab = ckpt.vocabulary if ckpt.vocabulary is not None else gin_vocab
-    return cls(ckpt.config, ckpt.params, vocab, partitioner=partitioner)
+    return cls(
+      ckpt.config, ckpt.params, ckpt.vocabulary, partitioner=partitioner
+    )
 
   def save(self, path: str) -> None:
     """Writes parameters (orbax), config (JSON) and vocabulary to `path`."""

@@ -85,3 +85,36 @@ def test_bad_vocabulary_refused_before_weights(tmp_path, monkeypatch, rows):
   _no_weight_reads(monkeypatch)
   with pytest.raises(CheckpointError, match='160 ids'):
     sd.Model.load(str(tmp_path / 'm'), vocabulary=vocab)
+
+
+@pytest.mark.parametrize(
+  'vocab, rows, ids',
+  [('spm', 128, 160), ('spm', 352, 160), ('byte', 128, 259)],
+)
+def test_gin_file_vocabulary_refused_before_weights(
+  tmp_path, monkeypatch, vocab, rows, ids
+):
+  """The gin file's vocabulary (T5X stores none) is size-checked like a
+  passed one: too many ids for the rows, or fewer by more than padding."""
+  if vocab == 'spm':
+    spm = _vocab_util.train(tmp_path)
+    named = (
+      'VOCABULARY = @seqio.SentencePieceVocabulary()\n'
+      f'seqio.SentencePieceVocabulary.sentencepiece_model_file = "{spm}"\n'
+      'seqio.SentencePieceVocabulary.extra_ids = 100\n'
+    )
+  else:
+    named = 'VOCABULARY = @seqio.ByteVocabulary()\n'
+  gin = tmp_path / 'model.gin'
+  gin.write_text(
+    'from __gin__ import dynamic_registration\nimport seqio\n'
+    'from t5x.examples.t5 import network\n'
+    f'{named}network.T5Config:\n  vocab_size = {rows}\n  emb_dim = 16\n'
+    '  num_heads = 2\n  head_dim = 8\n  mlp_dim = 24\n'
+    '  num_encoder_layers = 1\n  num_decoder_layers = 1\n'
+    "  mlp_activations = ('gelu', 'linear')\n  dropout_rate = 0.0\n"
+  )
+  sd.Model.init(BYT5.replace(vocab_size=rows)).save(str(tmp_path / 'm'))
+  _no_weight_reads(monkeypatch)
+  with pytest.raises(CheckpointError, match=f'{ids} ids .* {rows} embedding'):
+    sd.Model.load(str(tmp_path / 'm'), gin_file=str(gin))
