@@ -33,6 +33,7 @@ from spec_decode.checkpoints.hf_config import hf_config_dict
 from spec_decode.checkpoints.hf_config import name_map
 from spec_decode.checkpoints.hf_config import read_hf_config
 from spec_decode.checkpoints.hf_config import scales_decoder_output
+from spec_decode.t5 import byte_vocab
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.byte_vocab import ByteVocabulary
 from spec_decode.t5.config import T5Config
@@ -304,11 +305,12 @@ def load_vocabulary(path: str) -> vocab_lib.Vocabulary | None:
       pass
   if not os.path.isfile(file):
     if tok.get('tokenizer_class') == 'ByT5Tokenizer':
-      # HF lists ByT5's 125 sentinels as added tokens (extra_ids 0).
+      # HF lists ByT5's 125 sentinels as added tokens (extra_ids 0),
+      # `<extra_id_0>` = 259 counting up: its tokenizer's numbering.
       extra = len(tok.get('extra_special_tokens') or ()) or int(
         tok.get('extra_ids') or 125
       )
-      return ByteVocabulary(extra_ids=extra)
+      return ByteVocabulary(extra_ids=extra, sentinels=byte_vocab.HF)
     return None
   extra = int(tok.get('extra_ids', vocab_lib.DEFAULT_EXTRA_IDS))
   return vocab_lib.Vocabulary.from_file(file, extra_ids=extra)

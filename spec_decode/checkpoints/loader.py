@@ -31,6 +31,7 @@ from spec_decode.checkpoints import huggingface
 from spec_decode.checkpoints import t5x
 from spec_decode.checkpoints import t5x_layout
 from spec_decode.checkpoints.assemble import CheckpointError
+from spec_decode.t5 import byte_vocab
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.byte_vocab import ByteVocabulary
 from spec_decode.t5.config import T5Config
@@ -212,7 +213,10 @@ def read_vocabulary(directory: str) -> vocab_lib.Vocabulary | None:
     with open(info_file) as f:
       info = json.load(f)
   if info.get('type') == 'byte':
-    return ByteVocabulary(extra_ids=int(info['extra_ids']))
+    return ByteVocabulary(
+      extra_ids=int(info['extra_ids']),
+      sentinels=info.get('sentinels', byte_vocab.SEQIO),
+    )
   if not os.path.isfile(vocab_file):
     return None
   extra = int(info.get('extra_ids', vocab_lib.DEFAULT_EXTRA_IDS))
@@ -223,7 +227,10 @@ def write_vocabulary(directory: str, vocab: vocab_lib.Vocabulary) -> None:
   """Writes what `read_vocabulary` reads."""
   if isinstance(vocab, ByteVocabulary):
     with open(os.path.join(directory, VOCAB_INFO_FILE), 'w') as f:
-      json.dump({'type': 'byte', 'extra_ids': vocab.extra_ids}, f)
+      info = {'type': 'byte', 'extra_ids': vocab.extra_ids}
+      if vocab.sentinels != byte_vocab.SEQIO:
+        info['sentinels'] = vocab.sentinels
+      json.dump(info, f)
     return
   with open(os.path.join(directory, VOCAB_FILE), 'wb') as f:
     f.write(vocab.serialized)

@@ -40,7 +40,10 @@ def test_hf_byt5_directory_gets_the_byte_vocabulary(tmp_path):
 
   huggingface.save_safetensors(m, str(tmp_path / 'hf'))
   assert not (tmp_path / 'hf' / 'spiece.model').exists()
-  assert sd.Model.load(str(tmp_path / 'hf')).vocabulary == ByteVocabulary(125)
+  # An HF ByT5 directory numbers sentinels as transformers does.
+  assert sd.Model.load(str(tmp_path / 'hf')).vocabulary == ByteVocabulary(
+    125, sentinels='hf'
+  )
 
 
 def test_t5x_gin_byte_vocabulary(tmp_path):
@@ -118,3 +121,45 @@ def test_gin_file_vocabulary_refused_before_weights(
   _no_weight_reads(monkeypatch)
   with pytest.raises(CheckpointError, match=f'{ids} ids .* {rows} embedding'):
     sd.Model.load(str(tmp_path / 'm'), gin_file=str(gin))
+
+
+SENTINEL_TEXTS = [
+  'a<extra_id_0>b<extra_id_1> é<extra_id_124>',
+  ' <extra_id_7> spaced <extra_id_3>end',
+  'out of range <extra_id_125>, plain ünïcode',
+]
+
+
+def test_hf_directory_numbers_sentinels_as_transformers_byt5(tmp_path):
+  """An HF ByT5 directory: `<extra_id_i>` is 259 + i, as transformers'
+  ByT5Tokenizer (saved here by its own class) numbers it, both ways."""
+  transformers = pytest.importorskip('transformers')
+  from spec_decode.checkpoints import huggingface
+
+  tok = transformers.ByT5Tokenizer()
+  tok.save_pretrained(str(tmp_path))
+  ours = huggingface.load_vocabulary(str(tmp_path))
+  assert ours == ByteVocabulary(125, sentinels='hf') and ours.vocab_size == 384
+  assert ours.extra_id(0) == 259 == tok.convert_tokens_to_ids('<extra_id_0>')
+  for text in SENTINEL_TEXTS:
+    ids = tok(text).input_ids
+    assert ours.encode(text) + [1] == ids, text
+    assert ours.decode(ids) == text == tok.decode(ids[:-1])
+  # Our format keeps the numbering; seqio's is another vocabulary.
+  sd.Model.init(BYT5, vocabulary=ours).save(str(tmp_path / 'o'))
+  assert (
+    sd.Model.load(str(tmp_path / 'o')).vocabulary
+    == ours
+    != (ByteVocabulary(125))
+  )
+
+
+def test_seqio_numbering_keeps_sentinel_text_as_bytes():
+  """T5X gin files (seqio): text is bytes only, extra ids decode to
+  nothing, `extra_id(0)` is the top id (span corruption's sentinel)."""
+  v = ByteVocabulary(125)
+  for text in SENTINEL_TEXTS:
+    ids = v.encode(text)
+    assert ids == [b + 3 for b in text.encode()]
+    assert v.decode(ids) == text
+  assert v.extra_id(0) == 383 and v.decode([100, 383, 259, 101]) == 'ab'
