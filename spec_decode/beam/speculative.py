@@ -130,6 +130,17 @@ def follow(draft_rows: jax.Array, rows: jax.Array) -> jax.Array:
   return jnp.take(draft_rows, rows)
 
 
+def draft_rows_after_call(draft_rows: jax.Array) -> jax.Array:
+  """The draft's row of each beam after a speculative call: the identity.
+
+  The call gathered the draft's state by `draft_rows` and reordered it
+  with the beams, so row i holds beam row i's inputs; a map kept instead
+  would be applied again by the next call, and plain steps would compose
+  onto it (a beam's tree then grown from another beam's history).
+  """
+  return jnp.arange(draft_rows.shape[0], dtype=draft_rows.dtype)
+
+
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
   """`x[b, idx[b, j], ...]` for `x [B, N, ...]`, `idx [B, J]`."""
   idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
@@ -366,6 +377,7 @@ def spec_beam_decode(
       done=done,
       target=tgt,
       draft=reorder_rows(draft, draft_kept, rows),
+      draft_rows=draft_rows_after_call(s.draft_rows),
       start=step,
       calls=s.calls + active,
       histogram=s.histogram
