@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 
 from spec_decode.data import tasks as tasks_lib
+from spec_decode.t5 import byte_vocab
 from spec_decode.t5 import vocab as vocab_lib
+from spec_decode.t5.byte_vocab import ByteVocabulary
 
 BUILTIN = 'builtin'
 SEQIO = 'seqio'
@@ -166,6 +168,8 @@ def describe_vocabulary(vocabulary: Any) -> str:
   """A seqio vocabulary in one line (file and extra ids when it has them)."""
   path = getattr(vocabulary, 'sentencepiece_model_file', None)
   if path is None:
+    if _is_seqio_bytes(vocabulary):
+      return f'seqio.ByteVocabulary(extra_ids={vocabulary.extra_ids})'
     return repr(vocabulary)
   return (
     f'{type(vocabulary).__name__}(file={path}, '
@@ -178,12 +182,15 @@ def vocabulary_differences(
 ) -> list[str]:
   """How a seqio vocabulary tokenizes differently from `model_vocab`.
 
-  Both are sentencepiece models plus extra ids; they agree when the model
+  Byte vocabularies: see `_byte_differences`. Otherwise both are
+  sentencepiece models plus extra ids; they agree when the model
   files have the same contents (wherever they lie), the extra ids are as
   many, numbered downwards from the top (T5's and seqio's default), and
   seqio overrides no normalizer setting.
   """
   seqio = _seqio()
+  if _is_seqio_bytes(task_vocab) or isinstance(model_vocab, ByteVocabulary):
+    return _byte_differences(task_vocab, model_vocab)
   if not isinstance(task_vocab, seqio.SentencePieceVocabulary):
     return [f"the task's is a {type(task_vocab).__name__}, not sentencepiece"]
   problems = []
@@ -206,6 +213,41 @@ def vocabulary_differences(
   if getattr(task_vocab, '_normalizer_spec_overrides', None) is not None:
     problems.append('the task overrides the normalizer')
   return problems
+
+
+def _is_seqio_bytes(vocab: Any) -> bool:
+  seqio = sys.modules.get('seqio')
+  return seqio is not None and isinstance(vocab, seqio.ByteVocabulary)
+
+
+def _byte_differences(task_vocab: Any, model_vocab: Any) -> list[str]:
+  """seqio's `ByteVocabulary` against ours (`t5/byte_vocab.py`).
+
+  Bytes and special ids are the same in both; seqio never turns text into
+  an extra id, so only its extra ids (the top ids, span corruption's
+  sentinels) can differ. With seqio's numbering they must be as many (T5X's
+  equality). An HF ByT5 model (transformers' numbering: `<extra_id_0>` =
+  259 up, ids seqio's default of 0 extra ids never gives) agrees with a
+  task without extra ids: the ByT5 checkpoints were trained with
+  `seqio.ByteVocabulary()`.
+  """
+  task_bytes = _is_seqio_bytes(task_vocab)
+  model_bytes = isinstance(model_vocab, ByteVocabulary)
+  if not (task_bytes and model_bytes):
+    task_kind = 'bytes' if task_bytes else type(task_vocab).__name__
+    model_kind = 'bytes' if model_bytes else 'sentencepiece'
+    return [f"the task's is {task_kind}, the model's {model_kind}"]
+  k, m = task_vocab.extra_ids, model_vocab.extra_ids
+  if model_vocab.sentinels == byte_vocab.HF:
+    if k == 0:
+      return []
+    return [
+      f'the task numbers its {k} extra ids down from id {258 + k}, the '
+      "model's (transformers' ByT5Tokenizer) <extra_id_0> is 259 counting up"
+    ]
+  if k != m:
+    return [f'{k} extra ids for the task, {m} for the model']
+  return []
 
 
 # ------------------------------------------------------------------ tasks.
@@ -303,6 +345,8 @@ class SeqioTask:
   def model_vocabulary(self) -> vocab_lib.Vocabulary:
     """The task's output vocabulary as ours (for a model that has none)."""
     vocab = self.output_vocabulary
+    if _is_seqio_bytes(vocab):
+      return ByteVocabulary(extra_ids=vocab.extra_ids)
     path = getattr(vocab, 'sentencepiece_model_file', None)
     if path is None:
       raise ValueError(
