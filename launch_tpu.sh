@@ -13,10 +13,10 @@
 #
 # Examples:
 #   ./launch_tpu.sh --config configs/tpu/v4-8.env \
-#       --gin_file configs/ende_t5_small_draft.gin --gin 'GAMMA=7'
+#       --gin_file configs/table2_ende_small_t0.gin --gin 'GAMMA=7'
 #   ./launch_tpu.sh --name my-tpu --zone us-central2-b \
 #       --accelerator-type v4-8 --version tpu-ubuntu2204-base \
-#       --gin_file configs/X.gin --dry-run
+#       --gin_file configs/table2_ende_base_t0.gin --dry-run
 set -euo pipefail
 
 usage() {

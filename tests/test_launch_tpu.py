@@ -1,6 +1,7 @@
 """`launch_tpu.sh`: its --dry-run plan, its argument checks, shellcheck."""
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -43,6 +44,11 @@ def test_script_header():
   assert lines[0].startswith('#!') and 'bash' in lines[0]
   assert 'set -euo pipefail' in lines
   assert os.access(_SCRIPT, os.X_OK)
+  # The examples' config files exist.
+  named = re.findall(r'configs/[\w/.-]+\.(?:gin|env)', '\n'.join(lines))
+  assert named
+  root = os.path.dirname(_SCRIPT)
+  assert [p for p in named if not os.path.exists(os.path.join(root, p))] == []
 
 
 def test_dry_run_plan_from_config_file():
