@@ -145,8 +145,10 @@ def _hint(config: T5Config, stored: dict[str, Shape]) -> str:
       'scalable_t5 and UMT5 do: use its scalable_t5 gin file, or set '
       'T5Config.per_layer_relpos_bias=True)'
     )
+  # Per stack: `encoder/relpos_bias/...` (a scanned per-layer table is
+  # `encoder/encoder/relpos_bias/...`).
   if config.per_layer_relpos_bias and any(
-    n.endswith('coder/relpos_bias/rel_embedding') for n in stored
+    re.fullmatch(r'(en|de)coder/relpos_bias/rel_embedding', n) for n in stored
   ):
     return (
       ' (the checkpoint has one relative position table per stack, as '

@@ -139,3 +139,16 @@ def test_wrong_layer_count_is_named(umt5, tmp_path):
   config = model.config.replace(num_encoder_layers=3)
   with pytest.raises(CheckpointError, match='layer'):
     sd.Model.load(ckpt, config=config)
+
+
+def test_other_mismatch_of_a_scanned_checkpoint_gets_no_per_stack_hint(
+  umt5, tmp_path
+):
+  """A scanned per-layer checkpoint under an untied-head config: the error
+  names the head, not a per-stack table it does not have."""
+  _, model = umt5
+  ckpt, _ = _write(tmp_path, model, 1)
+  config = model.config.replace(logits_via_embedding=False)
+  with pytest.raises(CheckpointError) as e:
+    sd.Model.load(ckpt, config=config)
+  assert 'logits_dense' in str(e.value) and 'per stack' not in str(e.value)
