@@ -1,4 +1,5 @@
-"""Drafters for eval runs, built from gin: n-gram, copy, heads, hierarchical.
+"""Drafters for eval runs, built from gin: n-gram, copy, heads, feature
+drafts, early exit, hierarchical.
 
 Library functions (no gin decorators); `gin/runs/eval.gin` registers them
 dynamically, so a config can say
@@ -6,7 +7,9 @@ dynamically, so a config can say
     DRAFT = @spec_eval_drafters.ngram_draft()
     spec_eval_drafters.ngram_draft.n = 2
 
-and `spec-decode eval` decodes with it like with a draft model.
+and `spec-decode eval` decodes with it like with a draft model. The
+drafts that live on the target (`feature_draft`, `early_exit_draft`) take
+it as `target = %TARGET` (runs/compare.gin's singleton: loaded once).
 """
 
 import os
@@ -100,6 +103,17 @@ def copy_draft(
 def heads_draft(path: str):
   """Medusa heads saved by `spec-decode train` (train_heads)."""
   return drafters.Heads.load(paths.resolve(path))
+
+
+def feature_draft(path: str, target: Any):
+  """An EAGLE-style feature draft saved by `spec-decode train`
+  (`train_feature`; `configs/train_demo_feature.gin`), on `target`."""
+  return drafters.FeatureDraft.load(paths.resolve(path), target)
+
+
+def early_exit_draft(target: Any, num_layers: int = 1):
+  """The target's first `num_layers` decoder layers as its own draft."""
+  return drafters.EarlyExit.of(target, num_layers)
 
 
 def hierarchical_draft(draft_model: Any, sub_draft: Any, gamma: int = 2):

@@ -1,9 +1,12 @@
-"""Training: T5 models, and Medusa heads on a frozen target.
+"""Training: T5 models, and Medusa heads and feature drafts on a frozen
+target.
 
 lm.py        T5 training (`TrainSettings`, `run`; `train` is what gin
              binds)
 heads.py     Medusa heads (`HeadsTrainSettings`, `run`; gin binds
              `train_heads`)
+feature.py   EAGLE-style feature drafts (`FeatureTrainSettings`, `run`;
+             gin binds `train_feature`)
 greedy.py    the target's greedy outputs (the heads' data), cached
 common.py    what both share: data buckets, optimizer, checkpoints, log
              and the loop

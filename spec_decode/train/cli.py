@@ -6,8 +6,11 @@
 A config binds `lm.train` (after `from spec_decode.train import lm`) to
 train a T5 model (`spec_decode.train.lm`), or `heads.train_heads` (after
 `from spec_decode.train import heads`, e.g. `configs/train_demo_heads.gin`)
-to train Medusa heads on a frozen target (`spec_decode.train.heads`); the
-flags are the same. Rerunning the same command resumes from the last
+to train Medusa heads on a frozen target (`spec_decode.train.heads`), or
+`feature.train_feature` (after `from spec_decode.train import feature`,
+e.g. `configs/train_demo_feature.gin`) to train an EAGLE-style feature
+draft on a frozen target (`spec_decode.train.feature`); the flags are the
+same. Rerunning the same command resumes from the last
 checkpoint; Ctrl-C checkpoints and exits with status 130.
 
 Flags:
@@ -37,6 +40,7 @@ import os
 import sys
 
 from spec_decode import gin_cli
+from spec_decode.train import feature
 from spec_decode.train import heads
 from spec_decode.train import lm
 
@@ -85,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
   except gin_cli.GinFlagError as e:
     print(f'{_PROG}: {e}', file=sys.stderr)
     return 2
-  if gin_cli.binds(heads.train_heads):
+  if gin_cli.binds(feature.train_feature):
+    run = gin_cli.configured(feature.train_feature)
+  elif gin_cli.binds(heads.train_heads):
     run = gin_cli.configured(heads.train_heads)
   elif gin_cli.binds(lm.train):
     run = gin_cli.configured(lm.train)
   else:
     print(
-      f'{_PROG}: the gin files bind neither lm.train nor heads.train_heads '
-      '(see configs/train_demo_target.gin)',
+      f'{_PROG}: the gin files bind none of lm.train, heads.train_heads '
+      'and feature.train_feature (see configs/train_demo_target.gin)',
       file=sys.stderr,
     )
     return 2

@@ -546,7 +546,7 @@ def test_cli_passes_gin_flags_as_bindings(clean_gin, tmp_path, capsys):
     ]
   )
   assert code == 2
-  assert 'neither lm.train nor heads.train_heads' in capsys.readouterr().err
+  assert 'none of lm.train, heads.train_heads' in capsys.readouterr().err
   assert gin_cli.macro('TRAIN_STEPS') == 3
   assert gin_cli.macro('A') == 'x'
   assert gin_cli.macro('B') == 'runs/demo/target/model'
