@@ -532,12 +532,14 @@ def _init_params(cfg: T5Config, seed: int) -> Any:
 
 
 def _copy_from_target(params, target_params, cross_layers, cfg):
-  """Draft layer i as the target's layer `cross_layers[i]` (module doc)."""
-  params = jax.tree.map(jnp.asarray, params)
+  """Draft layer i as the target's layer `cross_layers[i]` (module doc);
+  copies, never the target's own buffers (a training step donates the
+  draft's parameters)."""
+  params = jax.tree.map(_copy, params)
   dec = target_params['decoder']
   out = dict(params)
-  out['relpos_bias'] = jax.tree.map(jnp.asarray, dec['relpos_bias'])
-  out['norm'] = jax.tree.map(jnp.asarray, dec['decoder_norm'])
+  out['relpos_bias'] = jax.tree.map(_copy, dec['relpos_bias'])
+  out['norm'] = jax.tree.map(_copy, dec['decoder_norm'])
   for i, j in enumerate(cross_layers):
     src = dec[f'layers_{j}']
     layer = dict(params[f'layers_{i}'])
@@ -546,8 +548,12 @@ def _copy_from_target(params, target_params, cross_layers, cfg):
         layer[name] = {k: src[name][k] for k in sub}
       elif name != 'mlp' or cfg.mlp_dim == src['mlp']['wo']['kernel'].shape[0]:
         layer[name] = src[name]
-    out[f'layers_{i}'] = jax.tree.map(jnp.asarray, layer)
+    out[f'layers_{i}'] = jax.tree.map(_copy, layer)
   return out
+
+
+def _copy(x):
+  return jnp.array(x, copy=True)
 
 
 _SHAPE_FIELDS = (

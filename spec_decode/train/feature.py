@@ -18,7 +18,9 @@ What a run does:
     twice; sampled decoding leaves the greedy paths, and the references
     show the draft other prefixes);
   * the target is teacher-forced once over them for its final hidden
-    states `h_t` (input t), kept in memory;
+    states `h_t` (input t), kept in memory (`cache_features`; without it,
+    for large targets and data, each step teacher-forces the target
+    again);
   * the draft reads `(h_{t-1} + noise, token t)` and predicts `h_t`
     (`FeatureDraft.teacher_forced_from`), with its cross-attention on the
     target's encoder-side keys and values (computed by the frozen target
@@ -91,7 +93,7 @@ def feature_loss(
     draft: the draft (its `params` are what is differentiated).
     inputs: `[B, S]` encoder tokens.
     features: `[B, T, D]` the target's teacher-forced features of decoder
-      inputs 0..T-1 (`shift_right(targets)`).
+      inputs 0..T-1 (`shift_right(targets)`), or None to compute them.
     targets: `[B, T]` output tokens (0-padded).
     noise: `[B, T, D]` added to the features the draft reads, or None.
     feature_weight: weight of the smooth-L1 feature loss.
@@ -102,6 +104,9 @@ def feature_loss(
     over the labelled positions, top-1 hits and beta as sums, the count).
   """
   target = draft.target
+  if features is None:
+    features = target.features(inputs, t5_model.shift_right(targets))
+  features = jax.lax.stop_gradient(features)
   tstate = jax.lax.stop_gradient(target.init_state(inputs, 1))
   cross = draft.cross(tstate)
   read = features if noise is None else features + noise
@@ -131,9 +136,15 @@ def feature_loss(
 
 
 class DraftData(heads.FeatureData):
-  """`heads.FeatureData` whose batches carry the encoder inputs too."""
+  """`heads.FeatureData` whose batches carry the encoder inputs too (and
+  no features unless `compute` ran: the train step then computes them)."""
+
+  features = None
 
   def _with_inputs(self, bucket: int, indices) -> tuple[np.ndarray, ...]:
+    if self.features is None:
+      batch = self.make_batch(bucket, indices)
+      return batch.inputs, None, batch.targets
     feats, targets = self._with_features(bucket, indices)
     return self.make_batch(bucket, indices).inputs, feats, targets
 
@@ -148,6 +159,8 @@ class DraftData(heads.FeatureData):
 def _train_step(state, batch, draft, optimizer, weights, noise_scale):
   inputs, features, targets = batch
   key = jax.random.fold_in(jax.random.key(17), state.step)
+  if features is None:
+    features = draft.target.features(inputs, t5_model.shift_right(targets))
   noise = None
   if noise_scale:
     noise = jax.random.uniform(
@@ -200,6 +213,8 @@ class FeatureTrainSettings:
     feature_noise: the features the draft reads get uniform noise in
       [-feature_noise, feature_noise] while training (EAGLE: 0.1 of
       LLaMA's feature scale).
+    cache_features: compute the target's features once and keep them in
+      memory (tokens x D float32); False recomputes them every step.
     train_steps, learning_rate, warmup_steps, final_lr_fraction,
       weight_decay, clip_norm: the optimizer (`common.make_optimizer`).
     eval_every, checkpoint_every, keep_checkpoints, log_every,
@@ -223,6 +238,7 @@ class FeatureTrainSettings:
   feature_weight: float = 1.0
   token_weight: float = 0.1
   feature_noise: float = 0.1
+  cache_features: bool = True
   train_steps: int = 500
   learning_rate: float = 1e-3
   warmup_steps: int = 50
@@ -329,9 +345,10 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   t0 = time.monotonic()
   frozen = target.unpacked()
   train_data = DraftData(train_pairs, s.buckets, s.seed)
-  train_data.compute(frozen, s.progress)
   eval_data = DraftData(eval_pairs, s.buckets, s.seed)
-  eval_data.compute(frozen, s.progress)
+  if s.cache_features:
+    train_data.compute(frozen, s.progress)
+    eval_data.compute(frozen, s.progress)
   eval_batches = eval_data.all_draft_batches()
   feature_seconds = time.monotonic() - t0
 
@@ -346,8 +363,11 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   train_step = jax.jit(_train_step, static_argnums=(3, 4, 5), donate_argnums=0)
   weights = (s.feature_weight, s.token_weight)
 
+  # The draft without its parameters (they are the state's, donated).
+  frame = init.replace(params=None)
+
   def step(state, batch):
-    return train_step(state, batch, init, optimizer, weights, s.feature_noise)
+    return train_step(state, batch, frame, optimizer, weights, s.feature_noise)
 
   def export(params):
     path = os.path.join(s.model_dir, FEATURE_DIR)
@@ -367,7 +387,7 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
       ),
       batch=train_data.draft_batch,
       train_step=step,
-      validate=_validator(init, eval_batches),
+      validate=_validator(frame, eval_batches),
       log_fields=_log_fields,
       postfix=_postfix,
       export=export,

@@ -133,6 +133,7 @@ def test_spec_decode_train_dispatches_on_a_feature_config(tmp_path, target_dir):
   settings.pop('progress')
   settings['targets'] = 'references'
   settings['buckets'] = ((64, 64, 8),)
+  settings['cache_features'] = False  # Features computed in the step.
   lines = [
     'from __gin__ import dynamic_registration',
     'from spec_decode.train import feature',
