@@ -6,11 +6,16 @@ log-probabilities from any source (one target call per step in plain beam
 search; a scored token tree, several steps per call, in speculative beam
 search). `docs/decoding.md` states the rules in words.
 
-They reproduce `t5x.decoding.beam_search` operation for operation (the same
-float32 arithmetic, the same -1e7 mask, the same tie order of `lax.top_k`),
-with one change: every batch row has its own step counter and stops on its
-own (see `stopped`). Beams are kept in T5X's order, worst first (best last);
-`outputs` returns them best first.
+They reproduce `t5x.decoding.beam_search` at T5X revision 03d3e28
+(2023-07-25; its beam search is the same through 870d069, 2023-09-27)
+operation for operation (the same float32 arithmetic, the brevity penalty
+of one scalar length per step included, the same -1e7 mask, the same tie
+order of `lax.top_k`), with one change: every batch row has its own step
+counter and stops on its own (see `stopped`). Later T5X revisions raise a
+per-row length array to the power alpha (34f1e74, for prompts), which can
+differ by an ulp, and stop when no live beam beats `min_log_prob`
+(0a56776); neither is mirrored. Beams are kept in T5X's order, worst first
+(best last); `outputs` returns them best first.
 
 Shapes: `B` rows, `K` beams, `V` vocabulary, `M` = max_decode_len.
 Sequences hold `M + 1` positions: position 0 is the start id 0 and position
@@ -28,8 +33,25 @@ NEG_INF = -1.0e7
 
 
 def brevity_penalty(alpha: float, length) -> jax.Array:
-  """`((5 + length) / 6) ** alpha`, float32 (T5X's)."""
+  """`((5 + length) / 6) ** alpha`, float32, for one length (a Python int or
+  a 0-d array), as T5X computes it."""
   return jnp.power((5.0 + length) / 6.0, alpha)
+
+
+def penalized(alpha: float, log_probs: jax.Array, lengths: jax.Array):
+  """`log_probs [B, N]` over the brevity penalty of each row's length
+  `lengths [B]`, as T5X computes it for its one length per step.
+
+  T5X divides by the penalty of one scalar length; XLA computes that (and
+  may rewrite `x / y ** a` as `x * y ** -a`) differently from the power of
+  a `[B, 1]` array, by an ulp or two (at alpha 2 the array power of length
+  1 is 1.0 where the scalar's is 1.0000001), which can flip an exact tie in
+  the finished set. So each row is divided by its own scalar's penalty in
+  the same expression (`lax.map`: one small division per row and step).
+  """
+  return lax.map(
+    lambda row: row[0] / brevity_penalty(alpha, row[1]), (log_probs, lengths)
+  )
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -148,7 +170,7 @@ def step(
 
   # Finished: the K best of the old finished set and the 2K new ones that
   # ended in EOS, scored with the brevity penalty of their length.
-  scores = top_logprobs / brevity_penalty(alpha, pos[:, None])
+  scores = penalized(alpha, top_logprobs, pos)
   scores += (~newly_finished) * jnp.float32(NEG_INF)
   all_seqs = jnp.concatenate([beams.finished_seqs, top_seqs], axis=1)
   all_scores = jnp.concatenate([beams.finished_scores, scores], axis=1)
@@ -175,15 +197,16 @@ def step(
 def stopped(beams: Beams, alpha: float) -> jax.Array:
   """`[B] bool`: rows that take no more steps (T5X's loop condition).
 
-  A row stops when it has taken M steps; when every finished slot is full
-  and the worst finished score beats the best live beam's log-probability
-  over the largest brevity penalty (no live beam can still enter the
-  finished set); or, after the first step, when even the best live beam is
-  below -1e7 over that penalty (T5X's `min_log_prob`). T5X evaluates these
-  for the whole batch and stops when all rows meet them; here each row
-  stops on its own, which gives the same beams (a stopped row's finished
-  set can no longer change) except in rows whose live beams all carry the
-  -1e7 mask, where T5X's result depends on the batch mates.
+  A row stops when it has taken M steps, or when every finished slot is
+  full and the worst finished score beats the best live beam's
+  log-probability over the largest brevity penalty (no live beam can still
+  enter the finished set). T5X evaluates these for the whole batch and
+  stops when all rows meet them; here each row stops on its own, which
+  gives the same beams (a stopped row's finished set can no longer change)
+  except in rows whose live beams all carry the -1e7 mask, where T5X's
+  result depends on the batch mates. (T5X's later `min_log_prob` stop,
+  added after the revision mirrored here, is not part of it: module
+  docstring.)
   """
   m = beams.max_decode_len
   # T5X computes this penalty after adding its start position to M.
@@ -192,8 +215,7 @@ def stopped(beams: Beams, alpha: float) -> jax.Array:
   worst_finished = jnp.min(beams.finished_scores, axis=1, keepdims=True)
   worst_finished = jnp.where(beams.finished_flags, worst_finished, NEG_INF)
   cannot_improve = jnp.all(worst_finished > best_live, axis=1)
-  below_min = (best_live[:, 0] < NEG_INF / min_penalty) & (beams.step > 0)
-  return (beams.step >= m) | cannot_improve | below_min
+  return (beams.step >= m) | cannot_improve
 
 
 def outputs(
