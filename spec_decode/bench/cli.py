@@ -56,6 +56,11 @@ BENCHMARKS = {
     'spec_decode.bench.drafts.trees',
     'token trees vs chains: tokens per target call and wall time',
   ),
+  'on_target': (
+    'spec_decode.bench.drafts.on_target',
+    'feature draft, early exit, Medusa heads and two-model drafts side by '
+    'side on the demo pair',
+  ),
   'accel': (
     'spec_decode.bench.accel.run',
     'the accelerator bench: T5 small to XXL with the small draft, bf16, '

@@ -6,4 +6,6 @@ Each is a `spec-decode bench` subcommand (`bench/cli.py`):
   table.py         every drafter on one task: alpha, c, speedup
   hierarchical.py  the hierarchical drafter against its parts
   trees.py         token trees against chains at equal target positions
+  on_target.py     feature draft, early exit and Medusa heads against the
+                   two-model drafts (alpha, tokens per call, c, speedup)
 """
