@@ -126,11 +126,18 @@ def test_tree_root_is_the_chain_first_token(model):
 
 
 @pytest.mark.parametrize(
-  'kw', [dict(gamma=3), dict(tree=(2, 2, 1)), dict(gamma='auto')]
+  'kw',
+  [
+    dict(gamma=3),
+    dict(tree=(2, 2, 1)),
+    dict(gamma='auto'),
+    dict(gamma=4, dynamic_gamma=0.2),
+  ],
 )
 def test_greedy_identity_batch_8(model, kw):
-  """Chains, trees and gamma='auto': the output is plain greedy's, with
-  rows that accept different numbers of tokens."""
+  """Chains, trees, gamma='auto' and dynamic gamma (rows stop drafting at
+  low draft confidence): the output is plain greedy's, with rows that
+  accept different numbers of tokens."""
   enc = encoder_batch(8, 7, 16, seed=9)
   plain = sd.generate(model, enc, max_decode_len=14)
   draft = _noisy(FeatureDraft.init(model), 0.3, 2)
@@ -140,6 +147,8 @@ def test_greedy_identity_batch_8(model, kw):
   np.testing.assert_array_equal(spec.lengths, plain.lengths)
   hist = spec.stats.row_accepted_histogram
   assert len({tuple(h) for h in hist}) > 2
+  if 'dynamic_gamma' in kw:  # Some rows stopped early.
+    assert 1.0 <= spec.stats.mean_proposed < 4.0
 
 
 @pytest.fixture(scope='module')
