@@ -16,7 +16,7 @@ DEMO_STAMP := $(call stamp,$(DEMO_EXTRAS))
 
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: install install-demo test test-slow test-accel demo demo-random figure notebooks bench accel-tiny accel-wheels accel-gpu lint format clean
+.PHONY: install install-demo test test-slow test-accel demo demo-random figure notebooks bench accel-tiny accel-wheels accel-gpu train-gpu-pack train-gpu train-gpu-unpack lint format clean
 
 install: $(STAMP)
 install-demo: $(DEMO_STAMP)
@@ -140,6 +140,37 @@ accel-gpu:
 	PYTHONPATH=/tmp/site:$$PYTHONPATH JAX_PLATFORMS=$(ACCEL_PLATFORM) \
 	  timeout 120 $(PY) -m pytest -q -p no:cacheprovider -m accel tests 2>&1 \
 	  | tee $(OUT)/accel_tests.log
+
+# The demo pair trained on a GPU in one go (docs/accelerator.md, "The second
+# job"). Here: `make train-gpu-pack` packs the train and validation splits
+# into .gpu/demo_train.tar.xz (about 7 MiB) and fetches the gin-config wheel.
+# There, with .whl and .gpu carried:
+#   make train-gpu PY=python3 OUT=$$OUT
+# trains the target, then distils the draft, within PAIR_BUDGET seconds,
+# writing summary.json, pair.log and models.tar.NN into $(OUT). Back here:
+#   make train-gpu-unpack FROM=<folder of the returned files>
+# reassembles the models into $(PAIR_TO)/{target,draft}_gpu/model. Rehearsed
+# on the CPU with PAIR_PLATFORM=cpu PAIR_FLAGS=--tiny (tests/train/
+# test_pair_job.py runs the same job).
+PAIR_BUDGET ?= 540
+PAIR_FLAGS ?=
+PAIR_PLATFORM ?= cuda
+PAIR_TO ?= runs/demo
+train-gpu-pack: accel-wheels
+	$(PY) -m spec_decode.main data pack --data_dir $(DATA_DIR) --out .gpu/demo_train.tar.xz
+
+train-gpu:
+	@test -n "$(OUT)" || { echo 'make train-gpu: set OUT=<directory>'; exit 2; }
+	if [ -d .whl ]; then $(PY) -m pip install -q --no-index --no-deps \
+	  --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+	PYTHONPATH=/tmp/site:$$PYTHONPATH PYTHONUNBUFFERED=1 SPEC_DECODE_KERNEL=0 \
+	  JAX_PLATFORMS=$(PAIR_PLATFORM) timeout $$(( $(PAIR_BUDGET) + 45 )) \
+	  $(PY) -m spec_decode.main train pair --out_dir $(OUT) \
+	  --budget_s $(PAIR_BUDGET) $(PAIR_FLAGS)
+
+train-gpu-unpack:
+	@test -n "$(FROM)" || { echo 'make train-gpu-unpack: set FROM=<directory>'; exit 2; }
+	$(PY) -m spec_decode.main train pair-unpack --from_dir $(FROM) --to_dir $(PAIR_TO)
 
 lint: install
 	$(VENV)/bin/ruff check spec_decode tests
