@@ -95,12 +95,12 @@ def g_test(samples: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> float:
 
 
 def sample_sequences(
-  target, draft, enc, first_seed=0, **kwargs
+  target, draft, enc, first_seed=0, num=N, **kwargs
 ) -> tuple[np.ndarray, list]:
-  """N speculative samples `[N, M]` (seeds from `first_seed` on) and the
-  stats of each batch."""
+  """`num` (default N) speculative samples `[num, M]` (seeds from
+  `first_seed` on) and the stats of each batch."""
   out, hists = [], []
-  for start in range(0, N, BATCH):
+  for start in range(0, num, BATCH):
     res = sd.generate(
       target,
       np.repeat(enc, BATCH, 0),
