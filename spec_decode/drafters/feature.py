@@ -293,9 +293,13 @@ class FeatureDraft:
       self.net_config
     ):
       return self
-    return self.replace(target=self.target.for_drafting()).pack_for_cpu(
-      jnp.bfloat16
-    )
+    copy = getattr(self, '_drafting_copy', None)
+    if copy is None:  # Built once per draft (packing is host work).
+      copy = self.replace(target=self.target.for_drafting()).pack_for_cpu(
+        jnp.bfloat16
+      )
+      object.__setattr__(self, '_drafting_copy', copy)
+    return copy
 
   # -- the network ------------------------------------------------------------
   def embed(self, tokens: jax.Array) -> jax.Array:

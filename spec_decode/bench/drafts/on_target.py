@@ -9,7 +9,8 @@ greedy and temperature 1, batch 1 and 8, chains (gamma G) and one token
 tree. Per cell: alpha, output tokens per target call (pooled over rows), c
 (one draft token's time over one target step, `policy.timing.measure`) and
 the wall-time speedup over plain decoding of the same inputs (after a
-warm-up decode that compiles; the best of `--repeats` timed passes).
+warm-up decode that compiles: the median over `--repeats` interleaved
+rounds of a plain and a speculative pass of the ratio of their times).
 
   JAX_PLATFORMS=cpu spec-decode bench on_target --out bench_on_target.json
 
@@ -82,16 +83,6 @@ def _decode_all(target, draft, enc, batch, shape, temperature, max_len):
   }
 
 
-def _timed(fn, repeats):
-  fn()  # Compiles.
-  best = float('inf')
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    result = fn()
-    best = min(best, time.perf_counter() - t0)
-  return best, result
-
-
 def _c(target, draft, batch, gamma, repeats):
   settings = DecodeSettings(max_decode_len=64, gamma=gamma)
   d = model_drafter.drafting_copy(draft, target)
@@ -113,34 +104,31 @@ def run(args) -> dict:
     tree = tuple(int(b) for b in args.tree.split(','))
     shapes[f'tree {args.tree}'] = dict(tree=tree)
   result = {'cells': [], 'early_exit_sweep': [], 'identity_failures': 0}
-  plain_cache = {}
+  plain_out = {}
 
-  def plain(batch, temperature):
-    key = (batch, temperature)
-    if key not in plain_cache:
-      plain_cache[key] = _timed(
-        lambda: _decode_all(
-          target, None, enc, batch, {}, temperature, args.max_decode_len
-        ),
-        args.repeats,
-      )
-    return plain_cache[key]
+  def decode(draft, batch, temperature, shape_name):
+    shape = shapes[shape_name] if draft is not None else {}
+    return _decode_all(
+      target, draft, enc, batch, shape, temperature, args.max_decode_len
+    )
 
   def cell(name, draft, batch, temperature, shape_name):
-    base_s, (base_out, _) = plain(batch, temperature)
-    sec, (out, st) = _timed(
-      lambda: _decode_all(
-        target,
-        draft,
-        enc,
-        batch,
-        shapes[shape_name],
-        temperature,
-        args.max_decode_len,
-      ),
-      args.repeats,
-    )
-    if temperature == 0.0 and not np.array_equal(out, base_out):
+    key = (batch, temperature)
+    if key not in plain_out:
+      plain_out[key] = decode(None, batch, temperature, shape_name)[0]
+    out, st = decode(draft, batch, temperature, shape_name)  # Compiles.
+    # Interleaved rounds (plain, then speculative): on a shared machine the
+    # load changes between rounds, not within one.
+    plain_s, spec_s = [], []
+    for _ in range(args.repeats):
+      t0 = time.perf_counter()
+      decode(None, batch, temperature, shape_name)
+      plain_s.append(time.perf_counter() - t0)
+      t0 = time.perf_counter()
+      decode(draft, batch, temperature, shape_name)
+      spec_s.append(time.perf_counter() - t0)
+    speedup = float(np.median(np.asarray(plain_s) / np.asarray(spec_s)))
+    if temperature == 0.0 and not np.array_equal(out, plain_out[key]):
       result['identity_failures'] += 1
     row = {
       'draft': name,
@@ -148,14 +136,13 @@ def run(args) -> dict:
       'batch': batch,
       'shape': shape_name,
       **st,
-      'seconds': sec,
-      'plain_seconds': base_s,
-      'speedup': base_s / sec,
+      'seconds': float(np.median(spec_s)),
+      'plain_seconds': float(np.median(plain_s)),
+      'speedup': speedup,
     }
     print(
       f'| {name} | {temperature:g} | {batch} | {shape_name} | '
-      f'{st["alpha"]:.3f} | {st["tokens_per_call"]:.2f} | '
-      f'{base_s / sec:.2f}x |',
+      f'{st["alpha"]:.3f} | {st["tokens_per_call"]:.2f} | {speedup:.2f}x |',
       flush=True,
     )
     return row
@@ -235,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     '--temperatures', type=float, nargs='+', default=[0.0, 1.0]
   )
   parser.add_argument('--max_decode_len', type=int, default=64)
-  parser.add_argument('--repeats', type=int, default=2)
+  parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--out', default='bench_on_target.json')
   args = parser.parse_args(argv)
   if any(args.num_examples % b for b in args.batches):
