@@ -5,14 +5,14 @@ any draft (a language model or a `drafter.Drafter`), and reaches both only
 through those protocols. It runs:
 
 1. Greedy identity: plain greedy and speculative greedy decodes of the same
-   inputs, at every gamma in `gammas`, must give the same tokens and
-   lengths. Deterministic (false-alarm rate 0 in exact arithmetic; a logit
-   near-tie below ~1e-6 could flip an argmax, docs/guarantees.md).
+   inputs, at every gamma in `gammas` (or with the token tree `tree`), must
+   give the same tokens and lengths. Deterministic (false-alarm rate 0 in
+   exact arithmetic; a logit near-tie could flip an argmax).
 2. Per sampler (default: temperature 1; with top-k; with top-p), N
    speculative samples of at most `sample_len` tokens for one input, rows
-   cycling through `gammas`, and three checks on them against the target's
-   exact distribution, obtained by teacher forcing through `init_state` /
-   `score` and `Sampler.probs` (the loop's own map):
+   cycling through `gammas` (or all with `tree`), and three checks on
+   them against the target's exact distribution, obtained by teacher
+   forcing through `init_state` / `score` and `Sampler.probs`:
    - zero probability: no sampled token may have target probability 0
      (deterministic, like 1).
    - PIT chi-square: the randomized probability integral transform of
@@ -53,6 +53,7 @@ from jax import lax
 from spec_decode.chain import generation
 from spec_decode.core import inputs
 from spec_decode.core import sampling
+from spec_decode.core import tree_shape
 from spec_decode.core.ids import EOS_ID
 
 DEFAULT_SAMPLERS = (
@@ -117,13 +118,10 @@ class PairReport:
     for c in self.checks:
       p = '-' if c.p_value is None else f'{c.p_value:.3g}'
       df = '-' if c.df is None else str(c.df)
-      stat = f'{c.statistic:.4g}'
-      if c.detail:
-        stat += f' ({c.detail})'
-      verdict = 'pass' if c.passed else 'FAIL'
+      stat = f'{c.statistic:.4g}' + (f' ({c.detail})' if c.detail else '')
       rows.append(
-        f'| {c.name} | {verdict} | {c.sample_size} | {stat} | {df} | {p} '
-        f'| {c.false_alarm:.3g} |'
+        f'| {c.name} | {"pass" if c.passed else "FAIL"} | {c.sample_size} '
+        f'| {stat} | {df} | {p} | {c.false_alarm:.3g} |'
       )
     failed = [c.name for c in self.checks if not c.passed]
     tests = sum(c.p_value is not None for c in self.checks)
@@ -163,6 +161,7 @@ def validate(
   false_alarm,
   seed,
   min_expected=5.0,
+  tree=None,
 ) -> None:
   """Raises ValueError naming the first bad argument of `verify`."""
 
@@ -176,6 +175,8 @@ def validate(
     raise ValueError(f'gammas must be a non-empty list, got {gammas!r}')
   for g in gammas:
     whole('gammas', g, 1)
+  if tree is not None and not (isinstance(tree, str) and tree == 'auto'):
+    tree_shape.parse(tree)  # ValueError naming what is wrong.
   whole('num_inputs', num_inputs, 1)
   whole('max_decode_len', max_decode_len, 1)
   whole('num_samples', num_samples, 1)
@@ -212,6 +213,7 @@ def verify(
   seed: int = 0,
   verifier: Any = None,
   eos_id: int = EOS_ID,
+  tree: Any = None,
 ) -> PairReport:
   """Checks that speculative decoding with `draft` is exact for `target`.
 
@@ -234,6 +236,8 @@ def verify(
     seed: seeds the inputs, the samples and the PIT's v.
     verifier: passed to `generate` (default Algorithm 1); to check one.
     eos_id: end-of-sequence id.
+    tree: None (chains of `gammas`), or the `generate(tree=...)` shape to
+      check instead (paths, a branching tuple or 'auto'): the tree path.
 
   Returns:
     A `PairReport`; `report.passed`, `print(report.table())`.
@@ -250,6 +254,7 @@ def verify(
     false_alarm=false_alarm,
     seed=seed,
     min_expected=min_expected,
+    tree=tree,
   )
   vocab = target.vocab_size
   inputs.check_pair(target, draft)
@@ -265,8 +270,9 @@ def verify(
       )
   enc = enc.astype(np.int32)
   common = dict(eos_id=eos_id)
+  modes = _modes(gammas, tree)
   checks = list(
-    _greedy_checks(target, draft, enc, gammas, max_decode_len, verifier, common)
+    _greedy_checks(target, draft, enc, modes, max_decode_len, verifier, common)
   )
   # Enumeration depends on the target alone: it fixes which G-tests run,
   # and so the Bonferroni share, before anything is sampled.
@@ -289,7 +295,7 @@ def verify(
       num_samples,
       sample_len,
       batch_size,
-      gammas,
+      modes,
       verifier,
       [seed, i + 1],
       common,
@@ -309,22 +315,26 @@ def verify(
 
 
 def _label(s: sampling.Sampler) -> str:
-  parts = [f't={s.temperature:g}']
-  if s.top_k:
-    parts.append(f'top_k={s.top_k}')
-  if s.top_p < 1.0:
-    parts.append(f'top_p={s.top_p:g}')
-  return ' '.join(parts)
+  top_k = f' top_k={s.top_k}' if s.top_k else ''
+  top_p = f' top_p={s.top_p:g}' if s.top_p < 1.0 else ''
+  return f't={s.temperature:g}{top_k}{top_p}'
 
 
-def _greedy_checks(target, draft, enc, gammas, max_decode_len, verifier, kw):
+def _modes(gammas, tree) -> list[tuple[str, dict]]:
+  """`(label, generate's keywords)` of each speculative setting checked."""
+  if tree is not None:
+    return [(f'tree={tree}', dict(tree=tree))]
+  return [(f'gamma={g}', dict(gamma=int(g))) for g in gammas]
+
+
+def _greedy_checks(target, draft, enc, modes, max_decode_len, verifier, kw):
   plain = generation.generate(target, enc, max_decode_len=max_decode_len, **kw)
-  for g in gammas:
+  for label, mode in modes:
     spec = generation.generate(
       target,
       enc,
       draft=draft,
-      gamma=int(g),
+      **mode,
       max_decode_len=max_decode_len,
       verifier=verifier,
       **kw,
@@ -340,7 +350,7 @@ def _greedy_checks(target, draft, enc, gammas, max_decode_len, verifier, kw):
         f'{spec.tokens[r].tolist()}'
       )
     yield _exact_check(
-      f'greedy identity, gamma={g}',
+      f'greedy identity, {label}',
       len(enc),
       len(differ),
       detail or 'rows that differ',
@@ -348,7 +358,7 @@ def _greedy_checks(target, draft, enc, gammas, max_decode_len, verifier, kw):
 
 
 def _sample(
-  target, draft, enc, s, n, length, batch, gammas, verifier, seed_key, kw
+  target, draft, enc, s, n, length, batch, modes, verifier, seed_key, kw
 ):
   """`[n, length]` speculative samples for input `enc [1, S]`, mean alpha.
 
@@ -363,7 +373,7 @@ def _sample(
       target,
       np.repeat(enc, batch, 0),
       draft=draft,
-      gamma=int(gammas[b % len(gammas)]),
+      **modes[b % len(modes)][1],
       temperature=s.temperature,
       top_k=s.top_k,
       top_p=s.top_p,

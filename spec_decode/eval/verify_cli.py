@@ -9,9 +9,12 @@
     spec-decode verify --target_gin_file models/t5_1_1/tiny.gin \\
         --draft_gin_file models/t5_1_1/tiny.gin --draft_seed 1   # random
     spec-decode verify --target /ckpt/xxl --draft_ngram outputs.txt
+    spec-decode verify --target /ckpt/xxl --draft /ckpt/small --tree 3,2,1
 
 Runs `sd.verify` (spec_decode/check/pair.py): greedy identity at
-each gamma, and per sampling setting (temperature; with top-k; with top-p)
+each gamma (or, with `--tree`, with that token tree: a branching such as
+`3,2,1`, paths such as `[[0],[1],[0,0]]`, or `auto`, the tree path you
+will run), and per sampling setting (temperature; with top-k; with top-p)
 a zero-probability check, a PIT chi-square and an enumerated G-test of N
 sampled sequences against the target's exact distribution. Prints the
 verdict table with each check's sample size, statistic, p-value and
@@ -78,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
   checks.add_argument('--num_inputs', type=int, default=16)
   checks.add_argument('--max_decode_len', type=int, default=16)
   checks.add_argument('--gammas', default='1,3,5')
+  checks.add_argument(
+    '--tree',
+    help="check tree= instead of gammas: '3,2,1', '[[0],[1],[0,0]]', 'auto'",
+  )
   checks.add_argument('--num_samples', type=int, default=6000)
   checks.add_argument('--sample_len', type=int, default=3)
   checks.add_argument('--temperature', type=float, default=1.0)
@@ -120,6 +127,21 @@ def read_tokens(path: str) -> np.ndarray:
   return out
 
 
+def parse_tree(text: str):
+  """`--tree`: 'auto', a branching '3,2,1' or paths '[[0],[1],[0,0]]'."""
+  text = text.strip()
+  if text.lower() == 'auto':
+    return 'auto'
+  try:
+    if text.startswith('['):
+      return [list(map(int, path)) for path in json.loads(text)]
+    return tuple(int(b) for b in text.split(',') if b.strip())
+  except (ValueError, TypeError) as e:
+    raise _BadArguments(
+      f"--tree: 'auto', branching like 3,2,1 or paths like [[0],[1]] ({e})"
+    ) from e
+
+
 def _checked(args) -> dict:
   """Everything `_run` needs, validated; raises `_BadArguments`."""
   if not (args.target or args.target_gin_file):
@@ -148,6 +170,7 @@ def _checked(args) -> dict:
     gammas = tuple(int(g) for g in args.gammas.split(',') if g.strip())
   except ValueError as e:
     raise _BadArguments(f'--gammas: comma-separated ints ({e})') from e
+  tree = parse_tree(args.tree) if args.tree else None
   try:
     samplers = [sd.Sampler(args.temperature)]
     if args.top_k:
@@ -165,6 +188,7 @@ def _checked(args) -> dict:
       bins=args.bins,
       false_alarm=args.false_alarm,
       seed=args.seed,
+      tree=tree,
     )
     pair_check.validate(**settings)
   except ValueError as e:

@@ -277,6 +277,52 @@ def test_bad_settings_name_the_argument(pair, kwargs, name):
     sd.verify(*pair, **kwargs)
 
 
+@flax.struct.dataclass(kw_only=True)
+class TreeOnlyLie:
+  """Broken on purpose in its trees only: chains are the inner drafter's,
+  tree nodes report norm(q^2) instead of the q they were drawn from."""
+
+  inner: Any
+  uses_target_features = False
+
+  @property
+  def vocab_size(self):
+    return self.inner.vocab_size
+
+  @property
+  def vocabulary(self):
+    return self.inner.vocabulary
+
+  def init_draft(self, encoder_tokens, length):
+    return self.inner.init_draft(encoder_tokens, length)
+
+  def propose(self, state, context, settings):
+    return self.inner.propose(state, context, settings)
+
+  def propose_tree(self, state, context, settings, shape):
+    proposal, state = self.inner.propose_tree(state, context, settings, shape)
+    if proposal.q is None:  # Greedy.
+      return proposal, state
+    q2 = proposal.q**2
+    return proposal.replace(q=q2 / jnp.sum(q2, -1, keepdims=True)), state
+
+
+def test_a_tree_is_checked_on_the_tree_path(tables):
+  """`tree=` checks the tree path: a drafter broken only in its trees
+  passes the chain checks and fails the tree's (issue 28)."""
+  target, draft = tables
+  lie = TreeOnlyLie(inner=model_drafter.as_drafter(draft))
+  kw = dict(FAST, samplers=(sd.Sampler(1.0),))
+  good = sd.verify(target, draft, tree=(2, 2), **kw)
+  assert good.passed, good.table()
+  assert good.checks[0].name == 'greedy identity, tree=(2, 2)'
+  assert sd.verify(target, lie, **kw).passed  # Chains: the inner drafter.
+  bad = sd.verify(target, lie, tree=(2, 2), **kw)
+  assert not bad.passed, bad.table()
+  with pytest.raises(ValueError):
+    sd.verify(target, draft, tree=[[1]], **kw)
+
+
 # ------------------------------------------------------------ the command.
 
 CLI_FAST = [  # The settings of FAST.
@@ -311,6 +357,18 @@ def test_cli_passes_a_correct_pair(saved, tmp_path, capsys):
   assert 'PASS: all' in printed and 'false-alarm rate 0.001' in printed
   report = json.loads(out.read_text())
   assert report['passed'] and len(report['checks']) == 4
+
+
+def test_cli_checks_a_tree(saved, capsys):
+  target, draft = saved
+  code = verify_cli.main(
+    ['--target', target, '--draft', draft, '--tree', '2,2', *CLI_FAST]
+  )
+  printed = capsys.readouterr().out
+  assert code == 0, printed
+  assert '| greedy identity, tree=(2, 2) | pass |' in printed
+  assert verify_cli.parse_tree('[[0], [1], [0, 0]]') == [[0], [1], [0, 0]]
+  assert verify_cli.parse_tree(' AUTO ') == 'auto'
 
 
 def test_cli_fails_a_broken_pair(saved, monkeypatch, capsys):
@@ -366,6 +424,8 @@ def test_cli_ngram_draft_from_token_files(saved, pair, tmp_path, capsys):
     (['--target', 'T', '--draft', 'D', '--inputs', '/no/file'], 'no such'),
     (['--target_gin_file', '/no/such.gin', '--draft', 'D'], 'gin_file'),
     (['--target', 'T', '--draft', 'D', '--sample_len', 'x'], None),
+    (['--target', 'T', '--draft', 'D', '--tree', '2,x'], '--tree'),
+    (['--target', 'T', '--draft', 'D', '--tree', '[[1]]'], None),
   ],
 )
 def test_cli_bad_arguments_exit_2_before_loading(
