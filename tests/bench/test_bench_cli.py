@@ -21,6 +21,9 @@ SUB_BENCHMARKS = (
   'memory',
   'trees',
   'beam',
+  'accel',
+  'provenance',
+  'on_target',
 )
 
 
