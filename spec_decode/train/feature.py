@@ -61,6 +61,7 @@ import numpy as np
 import optax
 
 from spec_decode import paths
+from spec_decode.data import seqio_data
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.drafters import feature as feature_lib
 from spec_decode.models import t5_model
@@ -293,10 +294,33 @@ train_feature.__signature__ = job.signature_of(
 )
 
 
+def _task(s, target, limits) -> tasks_lib.Task:
+  """The run's task: ours, or a seqio task or mixture (`seqio_data.lookup`)
+  read as text (its preprocessed inputs, prefix included) after the check
+  that it tokenizes with the target's vocabulary."""
+  if seqio_data.lookup(s.task) != seqio_data.SEQIO:
+    return tasks_lib.get_task(s.task, s.data_dir)
+  if s.data_dir is not None:
+    seqio_data.set_tfds_data_dir(s.data_dir)
+  task = seqio_data.SeqioTask(s.task)
+  task.check_vocabulary(target.vocabulary)
+  # Long enough that seqio's trimming keeps what the buckets can take.
+  lengths = {
+    'inputs': max(b[0] for b in s.buckets),
+    'targets': max(max(b[1] for b in s.buckets), s.max_decode_len),
+  }
+
+  def reader(split):
+    for ex in task.read(split, lengths, dict(limits)[split]):
+      yield ex.inputs, ex.targets
+
+  return tasks_lib.Task(s.task, reader, '', 'bleu')
+
+
 def _pairs(s, target, bucket_specs):
   """`(train, validation)` example pairs of the run's `targets`."""
-  task_obj = tasks_lib.get_task(s.task, s.data_dir)
   limits = (('train', s.train_examples), ('validation', s.eval_examples))
+  task_obj = _task(s, target, limits)
   refs = greedy_pairs = None
   if s.targets in ('references', 'both'):
     refs = [
