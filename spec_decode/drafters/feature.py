@@ -119,21 +119,9 @@ class FeatureNet(nn.Module):
       The predicted features and the new cache (None without one).
     """
     b, t = embedded.shape[:2]
-    index = None
-    if cache is None:
-      q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-      k_pos = q_pos
-    elif tree is not None:
-      index = cache.index
-      q_pos, k_pos, visible = cache_lib.tree_layout(index, cache.length, tree)
-    else:
-      index = cache.index
-      q_pos = cache_lib.query_positions(index, t)
-      k_pos = jnp.broadcast_to(
-        jnp.arange(cache.length, dtype=jnp.int32), (b, cache.length)
-      )
-    if tree is None:
-      visible = cache_lib.causal_mask(q_pos, k_pos)
+    index, q_pos, k_pos, visible = cache_lib.self_attention_layout(
+      cache, b, t, tree
+    )
     self_bias = self.relpos_bias(q_pos, k_pos) + _bias(visible)
     cross_bias = _bias(cross.encoder_valid[:, None, None, :])
     dtype = self.config.dtype

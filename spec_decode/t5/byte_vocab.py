@@ -29,6 +29,7 @@ import numpy as np
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.ids import PAD_ID
 from spec_decode.core.ids import UNK_ID
+from spec_decode.t5 import vocab as vocab_lib
 
 NUM_SPECIAL = 3
 NUM_BYTES = 256
@@ -135,16 +136,7 @@ class ByteVocabulary:
     self, texts: Sequence[str], max_len: int | None = None
   ) -> np.ndarray:
     """`[B, S]` int32, EOS appended, 0-padded (see `Vocabulary`)."""
-    rows = [self.encode(t) for t in texts]
-    if max_len is None:
-      max_len = max((len(r) for r in rows), default=0) + 1
-    if max_len < 1:
-      raise ValueError(f'max_len must be >= 1, got {max_len}')
-    out = np.full((len(rows), max_len), PAD_ID, np.int32)
-    for b, r in enumerate(rows):
-      r = r[: max_len - 1] + [EOS_ID]
-      out[b, : len(r)] = r
-    return out
+    return vocab_lib.pad_rows([self.encode(t) for t in texts], max_len)
 
   def decode_batch(self, tokens) -> list[str]:
     return [self.decode(row) for row in np.asarray(tokens)]

@@ -167,3 +167,30 @@ def tree_layout(index: jax.Array, length: int, tree):
     mask = jnp.transpose(mask[:, rel_c], (1, 0, 2))  # [B, T, L]
   visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & mask)
   return q_pos, k_pos, visible[:, None]
+
+
+def self_attention_layout(cache, batch: int, num_new: int, tree=None):
+  """Where `num_new` new tokens per row sit for self-attention.
+
+  Without a cache (teacher forcing) they are positions 0..T-1 attending
+  causally; with one, they follow each row's index (`query_positions`), or
+  lie in the tree's scratch slots (`tree_layout`).
+
+  Returns:
+    `(index, q_pos [B, T], k_pos [B, L], visible [B, 1, T, L] bool)`; index
+    is the cache's (None without a cache).
+  """
+  if cache is None:
+    q_pos = jnp.broadcast_to(
+      jnp.arange(num_new, dtype=jnp.int32), (batch, num_new)
+    )
+    return None, q_pos, q_pos, causal_mask(q_pos, q_pos)
+  index = cache.index
+  if tree is not None:
+    q_pos, k_pos, visible = tree_layout(index, cache.length, tree)
+    return index, q_pos, k_pos, visible
+  q_pos = query_positions(index, num_new)
+  k_pos = jnp.broadcast_to(
+    jnp.arange(cache.length, dtype=jnp.int32), (batch, cache.length)
+  )
+  return index, q_pos, k_pos, causal_mask(q_pos, k_pos)

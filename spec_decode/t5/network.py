@@ -434,21 +434,9 @@ class Decoder(nn.Module):
       projection and the tied-logits scaling) that produced `logits`.
     """
     b, t = tokens.shape
-    if cache is None:
-      q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-      k_pos = q_pos
-      index = None
-    elif tree is not None:
-      index = cache.index
-      q_pos, k_pos, visible = cache_lib.tree_layout(index, cache.length, tree)
-    else:
-      index = cache.index
-      q_pos = cache_lib.query_positions(index, t)
-      k_pos = jnp.broadcast_to(
-        jnp.arange(cache.length, dtype=jnp.int32), (b, cache.length)
-      )
-    if tree is None:
-      visible = cache_lib.causal_mask(q_pos, k_pos)
+    index, q_pos, k_pos, visible = cache_lib.self_attention_layout(
+      cache, b, t, tree
+    )
     self_bias, positions = _mask_to_bias(visible), (q_pos, k_pos)
     if not self.config.per_layer_relpos_bias:
       self_bias, positions = self_bias + self.relpos_bias(q_pos, k_pos), None

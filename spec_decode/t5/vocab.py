@@ -201,16 +201,7 @@ class Vocabulary:
     Returns:
       `np.int32 [B, S]`.
     """
-    rows = [self.encode(t) for t in texts]
-    if max_len is None:
-      max_len = max((len(r) for r in rows), default=0) + 1
-    if max_len < 1:
-      raise ValueError(f'max_len must be >= 1, got {max_len}')
-    out = np.full((len(rows), max_len), PAD_ID, np.int32)
-    for b, r in enumerate(rows):
-      r = r[: max_len - 1] + [EOS_ID]
-      out[b, : len(r)] = r
-    return out
+    return pad_rows([self.encode(t) for t in texts], max_len)
 
   def decode_batch(self, tokens) -> list[str]:
     """Decodes `tokens [B, T]` row by row, each up to its first EOS."""
@@ -233,3 +224,19 @@ def check_compatible(
       f'{target_vocab!r}, draft has {draft_vocab!r}; speculative decoding '
       'needs both models to share one vocabulary'
     )
+
+
+def pad_rows(
+  rows: Sequence[list[int]], max_len: int | None = None
+) -> np.ndarray:
+  """Encoded rows as `[B, max_len] int32`: each cut to `max_len - 1` ids,
+  EOS appended, 0-padded; `max_len` defaults to the longest row + 1."""
+  if max_len is None:
+    max_len = max((len(r) for r in rows), default=0) + 1
+  if max_len < 1:
+    raise ValueError(f'max_len must be >= 1, got {max_len}')
+  out = np.full((len(rows), max_len), PAD_ID, np.int32)
+  for b, r in enumerate(rows):
+    r = list(r[: max_len - 1]) + [EOS_ID]
+    out[b, : len(r)] = r
+  return out
