@@ -126,105 +126,110 @@ inline vf LoadPartial(const float* src, int n) {
   return v;
 }
 
+// Terms of the inner dimension summed in order before they are added to y.
+// One accumulator over all of D (4096 for T5-XXL) loses precision as D grows;
+// blocks of 128 keep the float32 error below PyTorch's (issue 28). Blocks
+// start at absolute multiples of kSumBlock, so a row's sum does not depend on
+// the depth chunking, nor on how many rows are multiplied together.
+constexpr int64_t kSumBlock = 128;
+
+// Stores one block's sums at y (the first block of D) or adds them to y.
+template <int KB, int V>
+inline void AddBlock(vf (&acc)[KB][V], bool add, float* __restrict y,
+                     int64_t ldy, int64_t ncol) {
+#pragma GCC unroll 16
+  for (int k = 0; k < KB; ++k) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      int n = static_cast<int>(std::min<int64_t>(ncol - v * kLanes, kLanes));
+      if (n <= 0) continue;
+      float* dst = y + k * ldy + v * kLanes;
+      StorePartial(dst, add ? LoadPartial(dst, n) + acc[k][v] : acc[k][v], n);
+    }
+  }
+}
+
 // One tile, float32 weights: rows [0, KB) of the pass, V panels (16 columns
-// each) starting at `w`, depth d in [0, depth).
+// each) starting at `w`, depth rows [d0, d0 + depth) of D.
 //   xt:   [depth, KB] x transposed, so the KB broadcasts of one d are adjacent.
-//   w:    first panel's row 0; panel v starts at w + v * panel_stride.
+//   w:    first panel's row d0; panel v starts at w + v * panel_stride.
 //   y:    output of row 0, column of panel 0; row k at y + k * ldy.
 //   ncol: valid columns from y's first column (the last tile is ragged).
-//   accumulate: add to y (a later chunk of depth) instead of overwriting.
+// d0 is a multiple of kSumBlock; rows past d0 = 0 add to what y holds.
 template <int KB, int V>
 void TileF32(const float* __restrict xt, const float* __restrict w,
-             int64_t panel_stride, int64_t depth, float* __restrict y,
-             int64_t ldy, int64_t ncol, bool accumulate) {
-  vf acc[KB][V];
-#pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) {
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      int n = static_cast<int>(std::min<int64_t>(ncol - v * kLanes, kLanes));
-      acc[k][v] = (accumulate && n > 0) ? LoadPartial(y + k * ldy + v * kLanes,
-                                                      n)
-                                        : vf{};
-    }
-  }
-  for (int64_t d = 0; d < depth; ++d) {
-    vf wv[V];
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      const float* row = w + v * panel_stride + d * kLanes;
-      if (kPrefetchRows > 0) __builtin_prefetch(row + kPrefetchRows * kLanes);
-      wv[v] = *reinterpret_cast<const vf_u*>(row);
-    }
+             int64_t panel_stride, int64_t d0, int64_t depth,
+             float* __restrict y, int64_t ldy, int64_t ncol) {
+  for (int64_t b0 = 0; b0 < depth; b0 += kSumBlock) {
+    const int64_t b1 = std::min(depth, b0 + kSumBlock);
+    vf acc[KB][V];
 #pragma GCC unroll 16
     for (int k = 0; k < KB; ++k) {
-      vf b = Broadcast(xt[d * KB + k]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[k][v] += b * wv[v];
+      for (int v = 0; v < V; ++v) acc[k][v] = vf{};
     }
-  }
+    for (int64_t d = b0; d < b1; ++d) {
+      vf wv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) {
+        const float* row = w + v * panel_stride + d * kLanes;
+        if (kPrefetchRows > 0) __builtin_prefetch(row + kPrefetchRows * kLanes);
+        wv[v] = *reinterpret_cast<const vf_u*>(row);
+      }
 #pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) {
+      for (int k = 0; k < KB; ++k) {
+        vf b = Broadcast(xt[d * KB + k]);
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      int n = static_cast<int>(std::min<int64_t>(ncol - v * kLanes, kLanes));
-      if (n > 0) StorePartial(y + k * ldy + v * kLanes, acc[k][v], n);
+        for (int v = 0; v < V; ++v) acc[k][v] += b * wv[v];
+      }
     }
+    AddBlock<KB, V>(acc, d0 + b0 > 0, y, ldy, ncol);
   }
 }
 
 // One tile, bf16 weights: Q panels of 32 columns, each giving two vectors.
 template <int KB, int Q>
 void TileBf16(const float* __restrict xt, const uint16_t* __restrict w,
-              int64_t panel_stride, int64_t depth, float* __restrict y,
-              int64_t ldy, int64_t ncol, bool accumulate) {
+              int64_t panel_stride, int64_t d0, int64_t depth,
+              float* __restrict y, int64_t ldy, int64_t ncol) {
   constexpr int V = 2 * Q;
-  vf acc[KB][V];
-#pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) {
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      int n = static_cast<int>(std::min<int64_t>(ncol - v * kLanes, kLanes));
-      acc[k][v] = (accumulate && n > 0) ? LoadPartial(y + k * ldy + v * kLanes,
-                                                      n)
-                                        : vf{};
-    }
-  }
   const vu hi_mask = vu{} + 0xFFFF0000u;
-  for (int64_t d = 0; d < depth; ++d) {
-    vf wv[V];
-#pragma GCC unroll 2
-    for (int q = 0; q < Q; ++q) {
-      const uint16_t* row = w + q * panel_stride + d * 2 * kLanes;
-      if (kPrefetchRows > 0) {
-        __builtin_prefetch(row + kPrefetchRows * 2 * kLanes);
-      }
-      vu raw = *reinterpret_cast<const vu_u*>(row);
-      // bf16 is the top half of a float32: shift the low element up, mask
-      // the high one in place.
-      wv[2 * q] = reinterpret_cast<vf>(raw << 16);
-      wv[2 * q + 1] = reinterpret_cast<vf>(raw & hi_mask);
-    }
+  for (int64_t b0 = 0; b0 < depth; b0 += kSumBlock) {
+    const int64_t b1 = std::min(depth, b0 + kSumBlock);
+    vf acc[KB][V];
 #pragma GCC unroll 16
     for (int k = 0; k < KB; ++k) {
-      vf b = Broadcast(xt[d * KB + k]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[k][v] += b * wv[v];
+      for (int v = 0; v < V; ++v) acc[k][v] = vf{};
     }
-  }
+    for (int64_t d = b0; d < b1; ++d) {
+      vf wv[V];
+#pragma GCC unroll 2
+      for (int q = 0; q < Q; ++q) {
+        const uint16_t* row = w + q * panel_stride + d * 2 * kLanes;
+        if (kPrefetchRows > 0) {
+          __builtin_prefetch(row + kPrefetchRows * 2 * kLanes);
+        }
+        vu raw = *reinterpret_cast<const vu_u*>(row);
+        // bf16 is the top half of a float32: shift the low element up, mask
+        // the high one in place.
+        wv[2 * q] = reinterpret_cast<vf>(raw << 16);
+        wv[2 * q + 1] = reinterpret_cast<vf>(raw & hi_mask);
+      }
 #pragma GCC unroll 16
-  for (int k = 0; k < KB; ++k) {
+      for (int k = 0; k < KB; ++k) {
+        vf b = Broadcast(xt[d * KB + k]);
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      int n = static_cast<int>(std::min<int64_t>(ncol - v * kLanes, kLanes));
-      if (n > 0) StorePartial(y + k * ldy + v * kLanes, acc[k][v], n);
+        for (int v = 0; v < V; ++v) acc[k][v] += b * wv[v];
+      }
     }
+    AddBlock<KB, V>(acc, d0 + b0 > 0, y, ldy, ncol);
   }
 }
 
 template <typename T>
-using TileFn = void (*)(const float*, const T*, int64_t, int64_t, float*,
-                        int64_t, int64_t, bool);
+using TileFn = void (*)(const float*, const T*, int64_t, int64_t, int64_t,
+                        float*, int64_t, int64_t);
 
 // Tables of tile functions indexed [KB][panels per tile], KB up to 16.
 template <int KB, int... Vs>
@@ -455,7 +460,9 @@ void Compute(const Problem& pr) {
   int64_t depth_chunk = pr.d;
   if (passes.size() > 1) {
     int64_t row_bytes = item_panels * pr.panel_cols * pr.elem_bytes;
-    depth_chunk = std::max<int64_t>(16, (512 << 10) / row_bytes);
+    // A multiple of kSumBlock, so the sum blocks do not depend on it.
+    depth_chunk = std::max<int64_t>(
+        kSumBlock, (512 << 10) / row_bytes / kSumBlock * kSumBlock);
   }
 
   const T* w = static_cast<const T*>(pr.w);
@@ -474,13 +481,11 @@ void Compute(const Problem& pr) {
           const int64_t col = p * pr.panel_cols;
           const T* wp = w + p * panel_stride + d0 * pr.panel_cols;
           if constexpr (kBf16) {
-            kTilesBf16[rows - 1][np - 1](xblk, wp, panel_stride, dl,
-                                         yrow + col, pr.n, pr.n - col,
-                                         d0 > 0);
+            kTilesBf16[rows - 1][np - 1](xblk, wp, panel_stride, d0, dl,
+                                         yrow + col, pr.n, pr.n - col);
           } else {
-            kTilesF32[rows - 1][np - 1](xblk, wp, panel_stride, dl,
-                                        yrow + col, pr.n, pr.n - col,
-                                        d0 > 0);
+            kTilesF32[rows - 1][np - 1](xblk, wp, panel_stride, d0, dl,
+                                        yrow + col, pr.n, pr.n - col);
           }
         }
       }

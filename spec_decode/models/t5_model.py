@@ -10,8 +10,8 @@ collection `'packed'`. It is built when the model is constructed, if
 `config.cpu_kernel` is on, the default backend is the CPU and the kernel
 library is available (`SPEC_DECODE_KERNEL=0` turns it off), or explicitly
 by `pack_for_cpu()`. Only decoding (`init_state`/`score`) uses it; teacher
-forcing and the encoder (many rows at once) keep `jnp.dot`. The parameter
-tree, and so every checkpoint, keeps the canonical layout.
+forcing and the encoder (many rows at once) keep XLA's dot (`t5/dot.py`).
+The parameter tree, and so every checkpoint, keeps the canonical layout.
 """
 
 from collections.abc import Sequence
@@ -313,7 +313,7 @@ class Model:
     return copy
 
   def unpacked(self) -> 'Model':
-    """This model without packed weights: decoding uses `jnp.dot`."""
+    """This model without packed weights: decoding uses XLA's dot."""
     model = object.__new__(Model)
     model.config, model.params = self.config, self.params
     model.vocabulary, model.packed = self.vocabulary, None

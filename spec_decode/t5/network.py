@@ -16,14 +16,15 @@ Cross-attention keys and values are computed once per input
 Small-K CPU kernel: when the variables carry a `'packed'` collection (built
 by `spec_decode.models.pack_decoder`), `Dense` and `Embed.attend` multiply by
 the packed copy of their weights with `spec_decode.kernels.ops.matmul` (the
-XLA FFI kernel on the CPU backend) instead of `jnp.dot`. The kernel's row
-results are bitwise independent of how many rows are multiplied together
-(any K: the packed path never switches to another algorithm), so these
-layers compute a token's projections identically when 1 or gamma + 1
-tokens are scored. (XLA's norms and attention einsums are not bitwise
-row-stable across shapes; whole-network logits agree to float32 rounding.)
-Layers without a packed copy (the encoder, cross-attention keys and values)
-use `jnp.dot`.
+XLA FFI kernel on the CPU backend) instead of `dot.dot` (`jnp.dot`, float32
+summed in blocks of `config.cpu_sum_block` on the CPU: see `dot.py`). The
+kernel's row results are bitwise independent of how many rows are
+multiplied together (any K: the packed path never switches to another
+algorithm, and it sums D in fixed blocks of 128), so these layers compute a
+token's projections identically when 1 or gamma + 1 tokens are scored.
+(XLA's norms and attention einsums are not bitwise row-stable across shapes;
+whole-network logits agree to float32 rounding.) Layers without a packed
+copy (the encoder, cross-attention keys and values) use `dot.dot`.
 """
 
 import functools
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 from spec_decode.core.tree_shape import TreeAttention
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.t5 import cache as cache_lib
+from spec_decode.t5 import dot as dot_lib
 from spec_decode.t5 import long_attention
 from spec_decode.t5.config import T5Config
 from spec_decode.t5.relpos import RelativePositionBiases
@@ -91,7 +93,9 @@ class Dense(nn.Module):
       return _packed_matmul(
         x.astype(dtype), self.get_variable(PACKED, 'kernel')
       )
-    return jnp.dot(x.astype(dtype), kernel.astype(dtype))
+    return dot_lib.dot(
+      x.astype(dtype), kernel.astype(dtype), self.config.cpu_sum_block
+    )
 
 
 class RMSNorm(nn.Module):
@@ -134,7 +138,11 @@ class Embed(nn.Module):
       return _packed_matmul(
         x.astype(jnp.float32), self.get_variable(PACKED, 'attend')
       )
-    return jnp.dot(x.astype(jnp.float32), self.embedding.astype(jnp.float32).T)
+    return dot_lib.dot(
+      x.astype(jnp.float32),
+      self.embedding.astype(jnp.float32).T,
+      self.config.cpu_sum_block,
+    )
 
 
 class Attention(nn.Module):
