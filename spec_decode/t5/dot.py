@@ -14,6 +14,8 @@ gain nothing from a float32 sum of rounded blocks. The small-K decoding
 kernel sums in the same blocks (`kernels/smallm.cc`, `kSumBlock`).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -39,8 +41,30 @@ def dot(x: jax.Array, w: jax.Array, block: int) -> jax.Array:
     or jax.default_backend() != 'cpu'
   ):
     return jnp.dot(x, w)
+  return _blocked_dot(x, w, block)
+
+
+# Gradients are XLA's plain dots: autodiff through the blocks would pad every
+# block's gradient back to K and add them (twice the time of a training step,
+# measured), and training gains nothing from the forward's precision.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _blocked_dot(x: jax.Array, w: jax.Array, block: int) -> jax.Array:
   out = None
-  for start in range(0, k, block):
+  for start in range(0, x.shape[-1], block):
     part = jnp.dot(x[..., start : start + block], w[start : start + block])
     out = part if out is None else out + part
   return out
+
+
+def _blocked_dot_fwd(x, w, block):
+  return _blocked_dot(x, w, block), (x, w)
+
+
+def _blocked_dot_bwd(block, residuals, g):
+  del block
+  x, w = residuals
+  lead = tuple(range(x.ndim - 1))
+  return jnp.dot(g, w.T), jnp.tensordot(x, g, axes=(lead, lead))
+
+
+_blocked_dot.defvjp(_blocked_dot_fwd, _blocked_dot_bwd)
