@@ -29,6 +29,10 @@ def test_tiny_rehearsal_runs_every_section(tmp_path):
   for dtype in ('bfloat16', 'float32'):
     ident = s[f'identity_{dtype}']
     assert ident['dtype'] == dtype and ident['rows'] == 8
+    # float32 is measured with true float32 products (not JAX's TF32
+    # default on GPUs); bfloat16 with the default.
+    want = 'float32' if dtype == 'float32' else 'None'
+    assert ident['matmul_precision'] == want, ident
     # At toy sizes on the CPU both dtypes keep greedy identity.
     assert ident['share_identical'] == 1.0, ident
   for size in ('xxl', 'small'):

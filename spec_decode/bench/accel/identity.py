@@ -12,6 +12,7 @@ draft's own), and where rows part, how far in.
 import time
 from typing import Any
 
+import jax
 import numpy as np
 
 import spec_decode as sd
@@ -66,6 +67,7 @@ def measure(
   out: dict[str, Any] = {
     'dtype': str(target.config.dtype),
     'float32_attention_logits': bool(target.config.float32_attention_logits),
+    'matmul_precision': str(jax.config.jax_default_matmul_precision),
     'gamma': g,
     'max_decode_len': m,
     'rows': 0,

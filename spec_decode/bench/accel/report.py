@@ -19,9 +19,11 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def _identity(name: str, s: dict[str, Any]) -> list[str]:
   return [f'### Greedy identity, {name}', ''] + _table(
-    ['dtype', 'f32 attn logits', 'gamma', 'rows', 'identical', 'share'],
-    [[s.get('dtype'), s.get('float32_attention_logits'), s.get('gamma'),
-      s.get('rows'), s.get('identical_rows'), s.get('share_identical')]],
+    ['dtype', 'matmul precision', 'f32 attn logits', 'gamma', 'rows',
+     'identical', 'share'],
+    [[s.get('dtype'), s.get('matmul_precision'),
+      s.get('float32_attention_logits'), s.get('gamma'), s.get('rows'),
+      s.get('identical_rows'), s.get('share_identical')]],
   )  # fmt: skip
 
 

@@ -182,7 +182,10 @@ def run(rec: Recorder, plan: plan_lib.Plan, sections: list[str]) -> None:
       elif name == 'identity_float32':
         target = as_float32(xxl(), free=True)
         models.pop('xxl')
-        identity.measure(rec, name, target, as_float32(draft), plan, b)
+        # True float32 products: JAX's default on GPUs is TF32 (bfloat16
+        # passes on TPUs), which rounds inputs as bfloat16 does.
+        with jax.default_matmul_precision('float32'):
+          identity.measure(rec, name, target, as_float32(draft), plan, b)
         del target
       elif name in _PAIR:
         _PAIR[name](rec, xxl(), draft, plan, b)
