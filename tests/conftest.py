@@ -1,6 +1,7 @@
 """Shared tiny models for the CPU test suite."""
 
 import gc
+import json
 import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -115,6 +116,45 @@ def sharpened(
   kernel[:, sd.EOS_ID] *= eos_scale
   params['decoder']['logits_dense']['kernel'] = kernel
   return model.with_params(params)
+
+
+# Drafts' training tests load their target from a path: a tiny sharpened
+# network with a sentencepiece vocabulary trained on the synthetic EnDe texts.
+SYNTHETIC_PIECES = 68
+SYNTHETIC_EXTRA_IDS = 100
+
+
+@pytest.fixture(scope='module')
+def synthetic_target_dir(tmp_path_factory) -> str:
+  """Saves the tiny target with the synthetic vocabulary; returns its path."""
+  from spec_decode.data import spm_trainer  # pylint: disable=g-import-not-at-top
+  from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top
+
+  def texts():
+    for source, target in tasks.synthetic_reader('ende')('train'):
+      yield tasks.TRANSLATE_EN_DE_PREFIX + source
+      yield target
+
+  vocab_size = SYNTHETIC_PIECES + SYNTHETIC_EXTRA_IDS
+  vocab = sd.Vocabulary(
+    spm_trainer.train_sentencepiece(
+      texts(), vocab_size=vocab_size, extra_ids=SYNTHETIC_EXTRA_IDS
+    ),
+    extra_ids=SYNTHETIC_EXTRA_IDS,
+  )
+  m = sd.Model.init(tiny_config(vocab_size=vocab_size), seed=2)
+  m = sharpened(m, scale=2.0, eos_scale=1.0)
+  path = str(tmp_path_factory.mktemp('target') / 'target')
+  sd.Model(m.config, m.params, vocab).save(path)
+  return path
+
+
+def training_log(model_dir: str) -> list[dict]:
+  """The records a training run wrote to its JSON-lines log."""
+  from spec_decode.train import common  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(model_dir, common.LOG_FILE)) as f:
+    return [json.loads(line) for line in f]
 
 
 @pytest.fixture(scope='session')

@@ -18,22 +18,17 @@ from _distribution_util import target_model
 from conftest import encoder_batch
 from conftest import sharpened
 from conftest import tiny_config
+from conftest import training_log
 
 import gin
 import spec_decode as sd
 from spec_decode.core import drafter
 from spec_decode.core import sampling
-from spec_decode.data import spm_trainer
-from spec_decode.data import tasks
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.heads import HeadsState
 from spec_decode.drafters.heads import target_projection
 from spec_decode.train import cli as train_cli
-from spec_decode.train import common
 from spec_decode.train import heads as train_heads
-
-EXTRA_IDS = 100
-PIECES = 68
 
 
 @pytest.fixture(scope='module')
@@ -246,29 +241,6 @@ def test_distillation_term_is_the_kl_to_the_target_k_steps_ahead(model):
     np.testing.assert_allclose(float(loss), np.mean(kls), rtol=1e-4)
 
 
-def _synthetic_texts():
-  for source, target in tasks.synthetic_reader('ende')('train'):
-    yield tasks.TRANSLATE_EN_DE_PREFIX + source
-    yield target
-
-
-@pytest.fixture(scope='module')
-def target_dir(tmp_path_factory):
-  """A tiny target with a vocabulary, saved (train_heads loads a path)."""
-  vocab = sd.Vocabulary(
-    spm_trainer.train_sentencepiece(
-      _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
-    ),
-    extra_ids=EXTRA_IDS,
-  )
-  m = sd.Model.init(tiny_config(vocab_size=PIECES + EXTRA_IDS), seed=2)
-  m = sharpened(m, scale=2.0, eos_scale=1.0)
-  m = sd.Model(m.config, m.params, vocab)
-  path = str(tmp_path_factory.mktemp('target') / 'target')
-  m.save(path)
-  return path
-
-
 _TINY = dict(
   task='synthetic_tiny',
   num_heads=3,
@@ -286,39 +258,36 @@ _TINY = dict(
 )
 
 
-def _log(model_dir):
-  with open(os.path.join(model_dir, common.LOG_FILE)) as f:
-    return [json.loads(line) for line in f]
-
-
-def test_training_lowers_the_loss_and_resumes(tmp_path, target_dir):
+def test_training_lowers_the_loss_and_resumes(tmp_path, synthetic_target_dir):
   model_dir = str(tmp_path / 'run')
   result = train_heads.train_heads(
-    model_dir, target_dir, train_steps=12, **_TINY
+    model_dir, synthetic_target_dir, train_steps=12, **_TINY
   )
   assert result.stopped == 'done' and result.step == 12
-  log = [r for r in _log(model_dir) if 'loss' in r]
+  log = [r for r in training_log(model_dir) if 'loss' in r]
   first = np.mean([r['loss'] for r in log[:2]])
   last = np.mean([r['loss'] for r in log[-2:]])
   assert last < 0.8 * first, (first, last)
   assert len(result.validation_accuracy) == 3
   heads = Heads.load(result.heads_path)
   assert heads.num_heads == 3
-  assert heads.vocabulary == sd.Model.load(target_dir).vocabulary
+  assert heads.vocabulary == sd.Model.load(synthetic_target_dir).vocabulary
   cache = os.path.join(model_dir, 'greedy_train.npz')
   assert os.path.isfile(cache)
   mtime = os.path.getmtime(cache)
   # A rerun with more steps resumes (and reuses the decoded outputs).
   again = train_heads.train_heads(
-    model_dir, target_dir, train_steps=14, **_TINY
+    model_dir, synthetic_target_dir, train_steps=14, **_TINY
   )
   assert again.step == 14
   assert os.path.getmtime(cache) == mtime
-  steps = [r['step'] for r in _log(model_dir) if 'loss' in r]
+  steps = [r['step'] for r in training_log(model_dir) if 'loss' in r]
   assert steps[-2:] == [13, 14]
 
 
-def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
+def test_spec_decode_train_dispatches_on_a_heads_config(
+  tmp_path, synthetic_target_dir
+):
   settings = dict(
     _TINY, train_examples=16, checkpoint_every=100, distill_weight=0.5
   )
@@ -329,7 +298,7 @@ def test_spec_decode_train_dispatches_on_a_heads_config(tmp_path, target_dir):
     'MODEL_DIR = %gin.REQUIRED',
     'heads.train_heads:',
     '  model_dir = %MODEL_DIR',
-    f'  target_path = {target_dir!r}',
+    f'  target_path = {synthetic_target_dir!r}',
     '  train_steps = 2',
     '  progress = False',
   ] + [f'  {k} = {v!r}' for k, v in settings.items()]

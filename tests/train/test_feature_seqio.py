@@ -12,14 +12,12 @@ import os
 
 import numpy as np
 import pytest
-from conftest import sharpened
-from conftest import tiny_config
+from conftest import SYNTHETIC_EXTRA_IDS
 
 import gin
 import spec_decode as sd
 from spec_decode.checkpoints import VOCAB_FILE
 from spec_decode.data import seqio_data
-from spec_decode.data import spm_trainer
 from spec_decode.data import tasks
 from spec_decode.drafters.feature import FeatureDraft
 from spec_decode.train import cli as train_cli
@@ -31,34 +29,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 TASK = 'spec_decode_test_feature_ende'
-EXTRA_IDS = 100
-PIECES = 68
+EXTRA_IDS = SYNTHETIC_EXTRA_IDS
 SIZES = {'train': 48, 'validation': 16}
 
 
-def _synthetic_texts():
-  for source, target in tasks.synthetic_reader('ende')('train'):
-    yield tasks.TRANSLATE_EN_DE_PREFIX + source
-    yield target
-
-
 @pytest.fixture(scope='module')
-def target_dir(tmp_path_factory):
-  vocab = sd.Vocabulary(
-    spm_trainer.train_sentencepiece(
-      _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
-    ),
-    extra_ids=EXTRA_IDS,
-  )
-  m = sd.Model.init(tiny_config(vocab_size=PIECES + EXTRA_IDS), seed=2)
-  m = sharpened(m, scale=2.0, eos_scale=1.0)
-  path = str(tmp_path_factory.mktemp('target') / 'target')
-  sd.Model(m.config, m.params, vocab).save(path)
-  return path
-
-
-@pytest.fixture(scope='module')
-def seqio_task(target_dir):
+def seqio_task(synthetic_target_dir):
   """The task, registered over the synthetic pairs; removed after."""
   import seqio  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -76,7 +52,7 @@ def seqio_task(target_dir):
     )
 
   vocab = seqio.SentencePieceVocabulary(
-    os.path.join(target_dir, VOCAB_FILE), extra_ids=EXTRA_IDS
+    os.path.join(synthetic_target_dir, VOCAB_FILE), extra_ids=EXTRA_IDS
   )
   seqio.TaskRegistry.add(
     TASK,
@@ -96,7 +72,7 @@ def seqio_task(target_dir):
 
 
 def test_spec_decode_train_trains_a_feature_draft_on_a_seqio_task(
-  tmp_path, target_dir, seqio_task
+  tmp_path, synthetic_target_dir, seqio_task
 ):
   settings = dict(
     task=seqio_task,
@@ -120,7 +96,7 @@ def test_spec_decode_train_trains_a_feature_draft_on_a_seqio_task(
     'MODEL_DIR = %gin.REQUIRED',
     'feature.train_feature:',
     '  model_dir = %MODEL_DIR',
-    f'  target_path = {target_dir!r}',
+    f'  target_path = {synthetic_target_dir!r}',
   ] + [f'  {k} = {v!r}' for k, v in settings.items()]
   gin_file = tmp_path / 'feature_seqio.gin'
   gin_file.write_text('\n'.join(lines) + '\n')
@@ -139,6 +115,6 @@ def test_spec_decode_train_trains_a_feature_draft_on_a_seqio_task(
   last = np.mean([r['loss'] for r in log[-2:]])
   assert last < 0.8 * first, (first, last)
   assert os.listdir(model_dir / 'checkpoints')
-  target = sd.Model.load(target_dir)
+  target = sd.Model.load(synthetic_target_dir)
   draft = FeatureDraft.load(str(model_dir / 'feature_draft'), target)
   assert draft.vocabulary == target.vocabulary

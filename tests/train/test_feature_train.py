@@ -1,51 +1,22 @@
 """Training an EAGLE-style feature draft (`train.feature`) on a toy task."""
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
+from conftest import SYNTHETIC_PIECES
 from conftest import encoder_batch
-from conftest import sharpened
-from conftest import tiny_config
+from conftest import training_log
 
 import gin
 import spec_decode as sd
-from spec_decode.data import spm_trainer
-from spec_decode.data import tasks
 from spec_decode.drafters.feature import FeatureDraft
 from spec_decode.models.t5_model import shift_right
 from spec_decode.train import cli as train_cli
-from spec_decode.train import common
 from spec_decode.train import feature as train_feature
 
-EXTRA_IDS = 100
-PIECES = 68
-
-
-def _synthetic_texts():
-  for source, target in tasks.synthetic_reader('ende')('train'):
-    yield tasks.TRANSLATE_EN_DE_PREFIX + source
-    yield target
-
-
-@pytest.fixture(scope='module')
-def target_dir(tmp_path_factory):
-  """A tiny target with a vocabulary, saved (training loads a path)."""
-  vocab = sd.Vocabulary(
-    spm_trainer.train_sentencepiece(
-      _synthetic_texts(), vocab_size=PIECES + EXTRA_IDS, extra_ids=EXTRA_IDS
-    ),
-    extra_ids=EXTRA_IDS,
-  )
-  m = sd.Model.init(tiny_config(vocab_size=PIECES + EXTRA_IDS), seed=2)
-  m = sharpened(m, scale=2.0, eos_scale=1.0)
-  m = sd.Model(m.config, m.params, vocab)
-  path = str(tmp_path_factory.mktemp('target') / 'target')
-  m.save(path)
-  return path
+PIECES = SYNTHETIC_PIECES
 
 
 _TINY = dict(
@@ -64,35 +35,30 @@ _TINY = dict(
 )
 
 
-def _log(model_dir):
-  with open(os.path.join(model_dir, common.LOG_FILE)) as f:
-    return [json.loads(line) for line in f]
-
-
-def test_training_lowers_the_loss_and_resumes(tmp_path, target_dir):
+def test_training_lowers_the_loss_and_resumes(tmp_path, synthetic_target_dir):
   model_dir = str(tmp_path / 'run')
   result = train_feature.train_feature(
-    model_dir, target_dir, train_steps=12, **_TINY
+    model_dir, synthetic_target_dir, train_steps=12, **_TINY
   )
   assert result.stopped == 'done' and result.step == 12
-  log = [r for r in _log(model_dir) if 'loss' in r]
+  log = [r for r in training_log(model_dir) if 'loss' in r]
   first = np.mean([r['loss'] for r in log[:2]])
   last = np.mean([r['loss'] for r in log[-2:]])
   assert last < 0.8 * first, (first, last)
   assert 0.0 <= result.validation_top1 <= 1.0
   assert 0.0 < result.validation_beta <= 1.0
-  target = sd.Model.load(target_dir)
+  target = sd.Model.load(synthetic_target_dir)
   draft = FeatureDraft.load(result.draft_path, target)
   assert draft.vocabulary == target.vocabulary
   cache = os.path.join(model_dir, 'greedy_train.npz')
   mtime = os.path.getmtime(cache)
   # A rerun with more steps resumes (and reuses the decoded outputs).
   again = train_feature.train_feature(
-    model_dir, target_dir, train_steps=14, **_TINY
+    model_dir, synthetic_target_dir, train_steps=14, **_TINY
   )
   assert again.step == 14
   assert os.path.getmtime(cache) == mtime
-  steps = [r['step'] for r in _log(model_dir) if 'loss' in r]
+  steps = [r['step'] for r in training_log(model_dir) if 'loss' in r]
   assert steps[-2:] == [13, 14]
   # The exported draft decodes exactly (greedy identity).
   enc = encoder_batch(4, 9, PIECES, seed=1)
@@ -101,11 +67,11 @@ def test_training_lowers_the_loss_and_resumes(tmp_path, target_dir):
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
-def test_loss_is_eagles_feature_and_token_losses(target_dir):
+def test_loss_is_eagles_feature_and_token_losses(synthetic_target_dir):
   """The loss at weights (1, 0) is the smooth-L1 feature loss alone, at
   (0, 1) the cross-entropy from the target's to the draft's distribution,
   both over the labelled positions."""
-  target = sd.Model.load(target_dir)
+  target = sd.Model.load(synthetic_target_dir)
   draft = FeatureDraft.init(target)
   enc = jnp.asarray(encoder_batch(2, 6, PIECES, seed=2))
   targets = np.asarray([[5, 6, 7, 1, 0], [8, 9, 1, 0, 0]], np.int32)
@@ -128,7 +94,9 @@ def test_loss_is_eagles_feature_and_token_losses(target_dir):
   assert float(aux['count']) == mask.sum()
 
 
-def test_spec_decode_train_dispatches_on_a_feature_config(tmp_path, target_dir):
+def test_spec_decode_train_dispatches_on_a_feature_config(
+  tmp_path, synthetic_target_dir
+):
   settings = dict(_TINY, train_examples=16, checkpoint_every=100)
   settings.pop('progress')
   settings['targets'] = 'references'
@@ -140,7 +108,7 @@ def test_spec_decode_train_dispatches_on_a_feature_config(tmp_path, target_dir):
     'MODEL_DIR = %gin.REQUIRED',
     'feature.train_feature:',
     '  model_dir = %MODEL_DIR',
-    f'  target_path = {target_dir!r}',
+    f'  target_path = {synthetic_target_dir!r}',
     '  train_steps = 2',
     '  progress = False',
   ] + [f'  {k} = {v!r}' for k, v in settings.items()]
