@@ -1,86 +1,28 @@
 """Sharded decoding on 8 host CPU devices gives the unsharded tokens.
 
-XLA fixes the CPU device count when JAX starts, and the suite's conftest
-starts JAX with one device. So `test_in_subprocess` reruns this file in a
-fresh interpreter with `--xla_force_host_platform_device_count=8`, where the
-mesh tests (skipped in the parent process) run.
+The mesh tests run in the 8-device subprocess of `test_in_subprocess`
+(`_mesh_util`: XLA fixes the CPU device count when JAX starts).
 """
 
-import os
-import subprocess
-import sys
-
+import _mesh_util
 import jax
 import numpy as np
 import pytest
-from conftest import REPO
+from _mesh_util import config
+from _mesh_util import inputs
+from _mesh_util import needs_mesh
+from _mesh_util import rerun_on_mesh
 
 import spec_decode as sd
 from spec_decode.parallel import multihost
 from spec_decode.parallel.partitioning import Partitioner
 
-_DEVICES = 8
 _INNER = 'SPEC_DECODE_SHARDING_SUBPROCESS'
-
-needs_mesh = pytest.mark.skipif(
-  jax.device_count() < _DEVICES,
-  reason='runs in the 8-device subprocess of test_in_subprocess',
-)
-
-
-def _config(**overrides) -> sd.T5Config:
-  # Heads, mlp, vocab and joined_kv all divide by 4: every rule applies.
-  base = dict(
-    vocab_size=32,
-    emb_dim=32,
-    num_heads=4,
-    head_dim=8,
-    mlp_dim=64,
-    num_encoder_layers=1,
-    num_decoder_layers=2,
-    mlp_activations=('gelu', 'linear'),
-    dropout_rate=0.0,
-    relative_attention_num_buckets=8,
-    relative_attention_max_distance=20,
-  )
-  base.update(overrides)
-  return sd.T5Config(**base)
-
-
-def _sharpened(model: sd.Model) -> sd.Model:
-  """Peaked outputs with a likely EOS, so rows end at different lengths."""
-  params = jax.tree.map(np.array, model.params)
-  kernel = params['decoder']['logits_dense']['kernel'] * 3.0
-  kernel[:, sd.EOS_ID] *= 2.0
-  params['decoder']['logits_dense']['kernel'] = kernel
-  return model.with_params(params)
-
-
-def _pair():
-  target = _sharpened(sd.Model.init(_config(), seed=0))
-  noise = np.random.default_rng(1)
-  draft = target.with_params(
-    jax.tree.map(
-      lambda x: (
-        np.asarray(x)
-        + 0.2 * np.std(x) * noise.standard_normal(x.shape).astype(np.float32)
-      ),
-      target.params,
-    )
-  )
-  return target, draft
-
-
-def _inputs(batch: int = 8) -> np.ndarray:
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(2, 32, (batch, 7)).astype(np.int32)
-  tokens[np.arange(7)[None] >= rng.integers(2, 8, batch)[:, None]] = 0
-  return tokens
 
 
 @pytest.fixture(scope='module')
 def pair():
-  return _pair()
+  return _mesh_util.pair(eos_scale=2.0)
 
 
 @pytest.fixture(scope='module')
@@ -90,7 +32,7 @@ def references(pair):
   target, draft = pair
   kw = dict(draft=draft, gamma=3, max_decode_len=10, seed=np.arange(8) + 5)
   return {
-    t: sd.generate(target, _inputs(), temperature=t, **kw) for t in (0.0, 1.0)
+    t: sd.generate(target, inputs(), temperature=t, **kw) for t in (0.0, 1.0)
   }
 
 
@@ -114,7 +56,7 @@ def test_sharded_speculative_matches_unsharded(
   p = Partitioner(data=data, model=model)
   out = sd.generate(
     _shard(p, target),
-    _inputs(),
+    inputs(),
     draft=_shard(p, draft),
     gamma=3,
     temperature=temperature,
@@ -163,7 +105,7 @@ def test_replicated_draft_and_padded_batch(pair, references):
   p = Partitioner(data=2, model=4)
   out = sd.generate(
     _shard(p, target),
-    _inputs()[:5],
+    inputs()[:5],
     draft=draft,
     gamma=3,
     temperature=1.0,
@@ -180,8 +122,8 @@ def test_replicated_draft_and_padded_batch(pair, references):
 @needs_mesh
 def test_init_in_shards_equals_unsharded_init():
   p = Partitioner(data=2, model=4)
-  sharded = sd.Model.init(_config(), seed=3, partitioner=p)
-  plain = sd.Model.init(_config(), seed=3)
+  sharded = sd.Model.init(config(), seed=3, partitioner=p)
+  plain = sd.Model.init(config(), seed=3)
   assert sharded.partitioner == p
   for a, b in zip(
     jax.tree.leaves(plain.params), jax.tree.leaves(sharded.params), strict=True
@@ -197,8 +139,8 @@ def test_init_in_shards_equals_unsharded_init():
 @needs_mesh
 def test_decode_state_is_sharded_on_batch_and_heads():
   p = Partitioner(data=2, model=4)
-  target = sd.Model.init(_config(), seed=0, partitioner=p)
-  enc = p.shard_batch(_inputs())
+  target = sd.Model.init(config(), seed=0, partitioner=p)
+  enc = p.shard_batch(inputs())
   state = jax.jit(lambda m, e: m.init_state(e, 12))(target, enc)
   assert _spec(state.cache.keys[0]) == ('data', 'model', None, None)
   assert _spec(state.cross.values[1]) == ('data', 'model', None, None)
@@ -226,7 +168,7 @@ def test_global_batch_input(pair, references):
   """The multi-host input path (one process here): a global jax.Array."""
   target, draft = pair
   p = Partitioner(data=8, model=1)
-  rows = _inputs()[multihost.local_batch_slice(8)]
+  rows = inputs()[multihost.local_batch_slice(8)]
   enc = multihost.global_batch(p, rows, 8)
   assert _spec(enc) == ('data', None)
   out = sd.generate(
@@ -242,35 +184,9 @@ def test_global_batch_input(pair, references):
 
 
 def test_in_subprocess():
-  if jax.device_count() >= _DEVICES or os.environ.get(_INNER):
-    pytest.skip('already running with the device mesh')
-  env = dict(os.environ, JAX_PLATFORMS='cpu', **{_INNER: '1'})
-  env['XLA_FLAGS'] = (
-    env.get('XLA_FLAGS', '')
-    + f' --xla_force_host_platform_device_count={_DEVICES}'
-  )
-  result = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'pytest',
-      '-q',
-      '-p',
-      'no:cacheprovider',
-      '-x',
-      __file__,
-    ],
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=1200,
-    cwd=REPO,
-  )
-  report = result.stdout[-3000:] + result.stderr[-3000:]
-  assert result.returncode == 0, report
-  assert ' passed' in result.stdout and 'failed' not in result.stdout, report
+  stdout = rerun_on_mesh(__file__, _INNER)
   # Everything but this test ran inside.
-  assert '1 skipped' in result.stdout, report
+  assert '1 skipped' in stdout, stdout[-3000:]
 
 
 @needs_mesh
