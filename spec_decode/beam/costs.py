@@ -3,16 +3,15 @@
 `beam_policy.speculate` compares a plain step with a speculative call by
 their walltimes in the compiled loop. They are measured on that loop
 itself, forced to each kind for a few iterations (run-time inputs, so the
-decode that follows reuses the program), less a decode of no iterations
-(setup and outputs), in rounds (each kind once per round, medians), as
-`chain.auto_costs.measure` times gammas. A call costs at least a plain step (it
-scores the same roots and more), so a smaller measured call is noise and
-both are set to their mean. Cached by shapes, batch, settings and device
-like `chain.auto_costs`' (`policy.cost_cache`, `'kind': 'beam'` in the key).
+decode that follows reuses the program), with `policy.loop_costs`' rounds
+and clean-up, as `chain.auto_costs` times gammas: the kinds are its
+"gammas" 0 (`PLAIN`) and 1 (`SPECULATIVE`). A call costs at least a plain
+step (it scores the same roots and more), so a smaller measured call is
+noise, pooled with the step (`loop_costs.non_decreasing`: both get their
+mean). Cached by shapes, batch, settings and device like
+`chain.auto_costs`' (`policy.cost_cache`, `'kind': 'beam'` in the key).
 """
 
-import statistics
-import time
 from typing import Any
 
 import jax
@@ -21,11 +20,7 @@ import numpy as np
 from spec_decode.beam import policy as beam_policy
 from spec_decode.beam import speculative as spec_beam
 from spec_decode.policy import cost_cache
-
-# Iterations per timing decode (at most the policy's cap on plain steps in
-# a row), and timed rounds (medians).
-TIMING_ITERATIONS = 16
-REPEATS = 3
+from spec_decode.policy import loop_costs
 
 
 def measure(
@@ -34,8 +29,8 @@ def measure(
   encoder_tokens: jax.Array,
   settings: Any,
   layout: Any,
-  repeats: int = REPEATS,
-  iterations: int = TIMING_ITERATIONS,
+  repeats: int = loop_costs.REPEATS,
+  iterations: int = loop_costs.TIMING_ITERATIONS,
 ) -> list[float]:
   """Seconds `[2]` of one loop iteration: a plain step, a speculative call.
 
@@ -48,9 +43,8 @@ def measure(
     repeats: timed rounds (medians).
     iterations: iterations per timing decode (<= MAX_IDLE).
   """
-  iterations = min(iterations, beam_policy.MAX_IDLE)
 
-  def run(kind: int, limit: int):
+  def run(kind: int, limit: int) -> int:
     policy = beam_policy.BeamPolicyInputs.create(
       np.ones(2), forced_gamma=kind, max_iterations=limit
     )
@@ -59,28 +53,17 @@ def measure(
       policy=policy,
     )  # fmt: skip
     jax.block_until_ready(out)
-    return out
+    return int(np.asarray(out[4]).max(initial=0))
 
   kinds = (beam_policy.PLAIN, beam_policy.SPECULATIVE)
-  run(beam_policy.PLAIN, 1)  # Compile; the decode reuses the program.
-  # Iterations each kind runs (fewer than `iterations` when rows end).
-  ran = {k: max(int(np.asarray(run(k, iterations)[4]).max()), 1) for k in kinds}
-  setups, rounds = [], {k: [] for k in kinds}
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    run(beam_policy.PLAIN, 0)
-    setups.append(time.perf_counter() - t0)
-    for k in kinds:
-      t0 = time.perf_counter()
-      run(k, iterations)
-      rounds[k].append(time.perf_counter() - t0)
-  setup = statistics.median(setups)
-  plain, spec = (
-    max(statistics.median(rounds[k]) - setup, 1e-9) / ran[k] for k in kinds
+  return loop_costs.measure(
+    run,
+    kinds,
+    g_max=beam_policy.SPECULATIVE,
+    repeats=repeats,
+    iterations=min(iterations, beam_policy.MAX_IDLE),
+    retry_rounds=0,  # Two kinds: no line to be off.
   )
-  if spec < plain:
-    plain = spec = (plain + spec) / 2
-  return [plain, spec]
 
 
 def iteration_seconds(

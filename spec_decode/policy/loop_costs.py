@@ -7,7 +7,8 @@ iterations: what the loop really pays per iteration in context (target call
 v(g + 1, B), g draft steps c(B), the loop's own work and the cache eviction
 between the two models included). This module does the timing and the
 robust clean-up of the figures for any loop given as a function `run(g,
-limit)`; `chain.auto_costs` gives it the chain loop.
+limit)`; `chain.auto_costs` gives it the chain loop, `beam.costs` the
+speculative beam loop (its two kinds as gammas 0 and 1).
 """
 
 import math
