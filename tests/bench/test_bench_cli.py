@@ -24,6 +24,7 @@ SUB_BENCHMARKS = (
   'accel',
   'provenance',
   'on_target',
+  'sum_blocks',
 )
 
 
