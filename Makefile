@@ -99,6 +99,7 @@ bench: install
 	$(PY) -m spec_decode.main bench memory --out bench_memory.json
 	$(PY) -m spec_decode.main bench beam --out bench_beam.json
 	$(PY) -m spec_decode.main bench on_target --out bench_on_target.json
+	$(PY) -m spec_decode.main bench sum_blocks --out bench_sum_blocks.json
 
 # The decoding checks that matter on a new backend (greedy identity of chains,
 # trees and beams, a whole-sequence distribution test, a one-device mesh).
