@@ -128,28 +128,10 @@ class FeatureNet(nn.Module):
     x = self.fc(
       jnp.concatenate([embedded.astype(dtype), features.astype(dtype)], -1)
     )
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      kv = None if cache is None else (cache.keys[i], cache.values[i])
-      x, (k, v) = layer(
-        x,
-        self_bias,
-        cross.keys[i],
-        cross.values[i],
-        cross_bias,
-        kv,
-        index if tree is None else index + tree.offset,
-      )
-      new_k.append(k)
-      new_v.append(v)
-    out = self.norm(x).astype(jnp.float32)
-    if cache is None:
-      return out, None
-    return out, cache_lib.KVCache(
-      keys=tuple(new_k),
-      values=tuple(new_v),
-      index=index if tree is not None else index + t,
+    x, new_cache = network.run_decoder_layers(
+      self.layers, x, (self_bias, cross_bias), cross, cache, index, tree
     )
+    return self.norm(x).astype(jnp.float32), new_cache
 
 
 @flax.struct.dataclass(kw_only=True)

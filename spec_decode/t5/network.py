@@ -330,6 +330,52 @@ class DecoderLayer(nn.Module):
     return x, (k, v)
 
 
+def run_decoder_layers(
+  layers, x, biases, cross, cache, index, tree, **layer_kwargs
+):
+  """Runs decoder layers over `x [B, T, D]`: the network's and the feature
+  draft's stacks, each layer against its cross keys and values and its
+  cache slots.
+
+  Args:
+    layers: `DecoderLayer`s (called inside their parent module).
+    x: the layers' input `[B, T, D]`.
+    biases: `(self_bias, cross_bias)`, additive attention biases.
+    cross: `CrossAttentionKV` (per-layer keys and values, valid mask).
+    cache: the `KVCache` of these layers, or None (teacher forcing).
+    index: `[B]` write index (`cache.self_attention_layout`'s).
+    tree: a `TreeAttention` (tree tokens go to scratch slots past
+      `tree.offset`; the index does not advance) or None.
+    **layer_kwargs: passed to every layer (`deterministic`, `positions`).
+
+  Returns:
+    The last layer's output, and the new cache (None without `cache`).
+  """
+  self_bias, cross_bias = biases
+  new_k, new_v = [], []
+  for i, layer in enumerate(layers):
+    kv = None if cache is None else (cache.keys[i], cache.values[i])
+    x, (k, v) = layer(
+      x,
+      self_bias,
+      cross.keys[i],
+      cross.values[i],
+      cross_bias,
+      kv,
+      index if tree is None else index + tree.offset,
+      **layer_kwargs,
+    )
+    new_k.append(k)
+    new_v.append(v)
+  if cache is None:
+    return x, None
+  return x, cache_lib.KVCache(
+    keys=tuple(new_k),
+    values=tuple(new_v),
+    index=index if tree is not None else index + x.shape[1],
+  )
+
+
 def _mask_to_bias(mask: jax.Array) -> jax.Array:
   return jnp.where(mask, 0.0, _MASK_VALUE).astype(jnp.float32)
 
@@ -451,31 +497,19 @@ class Decoder(nn.Module):
     cross_bias = _mask_to_bias(cross.encoder_valid[:, None, None, :])
 
     x = _dropout(self, self.shared_embedding(tokens), deterministic)
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      kv = None if cache is None else (cache.keys[i], cache.values[i])
-      x, (k, v) = layer(
-        x,
-        self_bias,
-        cross.keys[i],
-        cross.values[i],
-        cross_bias,
-        kv,
-        index if tree is None else index + tree.offset,
-        deterministic,
-        positions,
-      )
-      new_k.append(k)
-      new_v.append(v)
+    x, new_cache = run_decoder_layers(
+      self.layers,
+      x,
+      (self_bias, cross_bias),
+      cross,
+      cache,
+      index,
+      tree,
+      deterministic=deterministic,
+      positions=positions,
+    )
     x = _dropout(self, self.decoder_norm(x), deterministic)
     logits = self.project(x)
-    new_cache = None
-    if cache is not None:
-      new_cache = cache_lib.KVCache(
-        keys=tuple(new_k),
-        values=tuple(new_v),
-        index=index if tree is not None else index + t,
-      )
     if return_features:
       return logits, x.astype(jnp.float32), new_cache
     return logits, new_cache
