@@ -8,4 +8,5 @@ Each is a `spec-decode bench` subcommand (`bench/cli.py`):
   trees.py         token trees against chains at equal target positions
   on_target.py     feature draft, early exit and Medusa heads against the
                    two-model drafts (alpha, tokens per call, c, speedup)
+  interleaved.py   configurations timed interleaved, fastest round each
 """

@@ -19,7 +19,6 @@ configuration; the time is the sum over examples of the fastest round.
 import argparse
 import functools
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +27,8 @@ from jax import lax
 
 import spec_decode as sd
 from spec_decode import checkpoints
+from spec_decode.bench.drafts import interleaved
+from spec_decode.core import drafter as drafter_lib
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.data import tasks
@@ -58,30 +59,15 @@ def _bigram(vocab, vocab_size, data_dir, max_target_len):
 
 
 def _timed_runs(target, enc, configs, max_decode_len, repeats):
-  """Outputs per config and the summed per-example fastest wall time.
-
-  Each config is compiled first (untimed); then `repeats` rounds time one
-  decode of every example under every config, interleaved (so a load spike
-  on a shared machine hits all configs alike), and each example counts with
-  its fastest round.
-  """
+  """Outputs per `(draft, gamma)` config (draft None: plain decoding) and
+  the summed per-example fastest wall time (`interleaved.fastest_runs`)."""
   kws = []
   for draft, gamma in configs:
     kw = dict(max_decode_len=max_decode_len)
     if draft is not None:
       kw.update(draft=draft, gamma=gamma)
-    sd.generate(target, enc[:1], **kw)  # Compile.
     kws.append(kw)
-  best = np.full((len(configs), len(enc)), np.inf)
-  outs = [[None] * len(enc) for _ in configs]
-  for _ in range(repeats):
-    for i in range(len(enc)):
-      for c, kw in enumerate(kws):
-        t0 = time.perf_counter()
-        out = sd.generate(target, enc[i : i + 1], **kw)
-        best[c, i] = min(best[c, i], time.perf_counter() - t0)
-        outs[c][i] = out
-  return outs, best.sum(1)
+  return interleaved.fastest_runs(target, enc, kws, repeats)
 
 
 @functools.partial(jax.jit, static_argnames=('settings', 'calls'))
@@ -112,7 +98,7 @@ def _draft_cost(target, drafter, enc, plain, lengths, gamma, repeats):
     keys = sampling.position_keys(
       jax.random.key(0)[None], length[:, None] + 1 + jnp.arange(gamma), 0
     )
-    context = drafter.DraftContext(
+    context = drafter_lib.DraftContext(
       inputs=jnp.asarray(inputs),
       length=length,
       encoder_tokens=jnp.asarray(enc[i : i + 1]),

@@ -26,7 +26,6 @@ Two sections, printed as tables and written as JSON (`--out`):
 
 import argparse
 import json
-import time
 
 import flax.struct
 import jax
@@ -34,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import spec_decode as sd
+from spec_decode.bench.drafts import interleaved
 from spec_decode.core import model_drafter
 from spec_decode.core import tree_shape as tree_lib
 from spec_decode.data import tasks
@@ -116,22 +116,6 @@ def _encode(vocab, texts, width=None):
   return enc
 
 
-def _timed(target, enc, configs, repeats):
-  """Per config: outputs (list per example) and summed fastest seconds."""
-  for kw in configs:
-    sd.generate(target, enc[:1], **kw)  # Compile.
-  best = np.full((len(configs), len(enc)), np.inf)
-  outs = [[None] * len(enc) for _ in configs]
-  for _ in range(repeats):
-    for i in range(len(enc)):
-      for c, kw in enumerate(configs):
-        t0 = time.perf_counter()
-        out = sd.generate(target, enc[i : i + 1], **kw)
-        best[c, i] = min(best[c, i], time.perf_counter() - t0)
-        outs[c][i] = out
-  return outs, best.sum(1)
-
-
 def _summary(name, outs, seconds, plain):
   tokens = np.concatenate([o.tokens for o in outs])
   lengths = np.concatenate([o.lengths for o in outs])
@@ -203,7 +187,9 @@ def demo_section(args, target, draft, vocab) -> list[dict]:
       (f'tree auto ({auto["num_nodes"]} nodes)',
        dict(base, draft=draft, tree=[list(p) for p in auto['paths']]))
     )  # fmt: skip
-    outs, secs = _timed(target, enc, [kw for _, kw in configs], args.repeats)
+    outs, secs = interleaved.fastest_runs(
+      target, enc, [kw for _, kw in configs], args.repeats
+    )
     plain_row, plain = _summary('plain', outs[0], secs[0], None)
     section = [plain_row]
     for (name, kw), o, s in zip(configs[1:], outs[1:], secs[1:], strict=True):
