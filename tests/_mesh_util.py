@@ -15,6 +15,9 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
+from conftest import perturbed
+from conftest import sharpened
+from conftest import tiny_config
 
 import spec_decode as sd
 
@@ -29,43 +32,15 @@ needs_mesh = pytest.mark.skipif(
 def config(**overrides) -> sd.T5Config:
   """Heads, mlp, vocabulary and joined_kv all divide by 4: every rule of the
   partitioner applies on a (2, 4) mesh."""
-  base = dict(
-    vocab_size=32,
-    emb_dim=32,
-    num_heads=4,
-    head_dim=8,
-    mlp_dim=64,
-    num_encoder_layers=1,
-    num_decoder_layers=2,
-    mlp_activations=('gelu', 'linear'),
-    dropout_rate=0.0,
-    relative_attention_num_buckets=8,
-    relative_attention_max_distance=20,
-  )
-  base.update(overrides)
-  return sd.T5Config(**base)
+  base = dict(vocab_size=32, num_heads=4, head_dim=8, num_encoder_layers=1)
+  return tiny_config(**{**base, **overrides})
 
 
 def pair(eos_scale: float = 3.0) -> tuple[sd.Model, sd.Model]:
   """A target with peaked outputs and a likely EOS (rows stop at different
   steps) and a draft near it (it agrees often, not always)."""
-  target = sd.Model.init(config(), seed=0)
-  params = jax.tree.map(np.array, target.params)
-  kernel = params['decoder']['logits_dense']['kernel'] * 3.0
-  kernel[:, sd.EOS_ID] *= eos_scale
-  params['decoder']['logits_dense']['kernel'] = kernel
-  target = target.with_params(params)
-  noise = np.random.default_rng(1)
-  draft = target.with_params(
-    jax.tree.map(
-      lambda x: (
-        np.asarray(x)
-        + 0.2 * np.std(x) * noise.standard_normal(x.shape).astype(np.float32)
-      ),
-      target.params,
-    )
-  )
-  return target, draft
+  target = sharpened(sd.Model.init(config(), seed=0), 3.0, eos_scale)
+  return target, perturbed(target, 0.2, seed=1)
 
 
 def inputs(batch: int = 8) -> np.ndarray:
