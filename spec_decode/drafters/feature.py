@@ -119,9 +119,7 @@ class FeatureNet(nn.Module):
       The predicted features and the new cache (None without one).
     """
     b, t = embedded.shape[:2]
-    index, q_pos, k_pos, visible = cache_lib.self_attention_layout(
-      cache, b, t, tree
-    )
+    q_pos, k_pos, visible = cache_lib.self_attention_layout(cache, b, t, tree)
     self_bias = self.relpos_bias(q_pos, k_pos) + _bias(visible)
     cross_bias = _bias(cross.encoder_valid[:, None, None, :])
     dtype = self.config.dtype
@@ -129,7 +127,7 @@ class FeatureNet(nn.Module):
       jnp.concatenate([embedded.astype(dtype), features.astype(dtype)], -1)
     )
     x, new_cache = network.run_decoder_layers(
-      self.layers, x, (self_bias, cross_bias), cross, cache, index, tree
+      self.layers, x, (self_bias, cross_bias), cross, cache, tree
     )
     return self.norm(x).astype(jnp.float32), new_cache
 

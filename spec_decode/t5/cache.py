@@ -177,20 +177,17 @@ def self_attention_layout(cache, batch: int, num_new: int, tree=None):
   lie in the tree's scratch slots (`tree_layout`).
 
   Returns:
-    `(index, q_pos [B, T], k_pos [B, L], visible [B, 1, T, L] bool)`; index
-    is the cache's (None without a cache).
+    `(q_pos [B, T], k_pos [B, L], visible [B, 1, T, L] bool)`.
   """
   if cache is None:
     q_pos = jnp.broadcast_to(
       jnp.arange(num_new, dtype=jnp.int32), (batch, num_new)
     )
-    return None, q_pos, q_pos, causal_mask(q_pos, q_pos)
-  index = cache.index
+    return q_pos, q_pos, causal_mask(q_pos, q_pos)
   if tree is not None:
-    q_pos, k_pos, visible = tree_layout(index, cache.length, tree)
-    return index, q_pos, k_pos, visible
-  q_pos = query_positions(index, num_new)
+    return tree_layout(cache.index, cache.length, tree)
+  q_pos = query_positions(cache.index, num_new)
   k_pos = jnp.broadcast_to(
     jnp.arange(cache.length, dtype=jnp.int32), (batch, cache.length)
   )
-  return index, q_pos, k_pos, causal_mask(q_pos, k_pos)
+  return q_pos, k_pos, causal_mask(q_pos, k_pos)

@@ -330,9 +330,7 @@ class DecoderLayer(nn.Module):
     return x, (k, v)
 
 
-def run_decoder_layers(
-  layers, x, biases, cross, cache, index, tree, **layer_kwargs
-):
+def run_decoder_layers(layers, x, biases, cross, cache, tree, **layer_kwargs):
   """Runs decoder layers over `x [B, T, D]`: the network's and the feature
   draft's stacks, each layer against its cross keys and values and its
   cache slots.
@@ -342,8 +340,8 @@ def run_decoder_layers(
     x: the layers' input `[B, T, D]`.
     biases: `(self_bias, cross_bias)`, additive attention biases.
     cross: `CrossAttentionKV` (per-layer keys and values, valid mask).
-    cache: the `KVCache` of these layers, or None (teacher forcing).
-    index: `[B]` write index (`cache.self_attention_layout`'s).
+    cache: the `KVCache` of these layers (new keys go at its index), or
+      None (teacher forcing).
     tree: a `TreeAttention` (tree tokens go to scratch slots past
       `tree.offset`; the index does not advance) or None.
     **layer_kwargs: passed to every layer (`deterministic`, `positions`).
@@ -352,6 +350,7 @@ def run_decoder_layers(
     The last layer's output, and the new cache (None without `cache`).
   """
   self_bias, cross_bias = biases
+  index = None if cache is None else cache.index
   new_k, new_v = [], []
   for i, layer in enumerate(layers):
     kv = None if cache is None else (cache.keys[i], cache.values[i])
@@ -488,9 +487,7 @@ class Decoder(nn.Module):
       projection and the tied-logits scaling) that produced `logits`.
     """
     b, t = tokens.shape
-    index, q_pos, k_pos, visible = cache_lib.self_attention_layout(
-      cache, b, t, tree
-    )
+    q_pos, k_pos, visible = cache_lib.self_attention_layout(cache, b, t, tree)
     self_bias, positions = _mask_to_bias(visible), (q_pos, k_pos)
     if not self.config.per_layer_relpos_bias:
       self_bias, positions = self_bias + self.relpos_bias(q_pos, k_pos), None
@@ -503,7 +500,6 @@ class Decoder(nn.Module):
       (self_bias, cross_bias),
       cross,
       cache,
-      index,
       tree,
       deterministic=deterministic,
       positions=positions,
