@@ -18,7 +18,9 @@ reject it.
 """
 
 import dataclasses
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,6 +114,34 @@ def sample_sequences(
     out.append(res.tokens)
     hists.append(res.stats)
   return np.concatenate(out), hists
+
+
+@flax.struct.dataclass(kw_only=True)
+class WrappedDrafter:
+  """A drafter that passes every call on to `inner`: the negative controls
+  subclass it and override the one method they break."""
+
+  inner: Any
+  uses_target_features: bool = flax.struct.field(
+    pytree_node=False, default=False
+  )
+
+  @property
+  def vocab_size(self):
+    return self.inner.vocab_size
+
+  @property
+  def vocabulary(self):
+    return self.inner.vocabulary
+
+  def init_draft(self, encoder_tokens, length):
+    return self.inner.init_draft(encoder_tokens, length)
+
+  def propose(self, state, context, settings):
+    return self.inner.propose(state, context, settings)
+
+  def propose_tree(self, state, context, settings, shape):
+    return self.inner.propose_tree(state, context, settings, shape)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,6 +157,34 @@ def training_log(model_dir: str) -> list[dict]:
     return [json.loads(line) for line in f]
 
 
+def train_from_gin(tmp_path, entry: str, settings: dict):
+  """Runs `spec-decode train` (`train.cli.main`) on a gin file binding
+  `entry` (e.g. 'feature.train_feature', a module of `spec_decode.train`)
+  with `settings` and `model_dir = %MODEL_DIR`; returns the model dir."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from spec_decode.train import cli  # pylint: disable=g-import-not-at-top
+
+  module = entry.split('.')[0]
+  lines = [
+    'from __gin__ import dynamic_registration',
+    f'from spec_decode.train import {module}',
+    'MODEL_DIR = %gin.REQUIRED',
+    f'{entry}:',
+    '  model_dir = %MODEL_DIR',
+  ] + [f'  {k} = {v!r}' for k, v in settings.items()]
+  gin_file = tmp_path / f'{module}.gin'
+  gin_file.write_text('\n'.join(lines) + '\n')
+  model_dir = tmp_path / 'run'
+  try:
+    code = cli.main(
+      ['--gin_file', str(gin_file), '--model_dir', str(model_dir)]
+    )
+  finally:
+    gin.clear_config()
+  assert code == 0
+  return model_dir
+
+
 @pytest.fixture(scope='session')
 def target():
   return sharpened(sd.Model.init(tiny_config(), seed=0))

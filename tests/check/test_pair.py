@@ -12,7 +12,6 @@ is deterministic. Sample sizes: 3,000 sequences of 3 tokens per setting.
 
 import dataclasses
 import json
-from typing import Any
 
 import flax.struct
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _distribution_util import ResidualDroppingVerifier
+from _distribution_util import WrappedDrafter
 from conftest import perturbed
 from conftest import sharpened
 from conftest import tiny_config
@@ -76,22 +76,8 @@ class HashedBigramLM:
 
 
 @flax.struct.dataclass(kw_only=True)
-class SharpenedQ:
+class SharpenedQ(WrappedDrafter):
   """Broken on purpose: draws from the draft's q, reports norm(q^2)."""
-
-  inner: Any
-  uses_target_features = False
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return self.inner.vocabulary
-
-  def init_draft(self, encoder_tokens, length):
-    return self.inner.init_draft(encoder_tokens, length)
 
   def propose(self, state, context, settings):
     proposal, state = self.inner.propose(state, context, settings)
@@ -278,26 +264,9 @@ def test_bad_settings_name_the_argument(pair, kwargs, name):
 
 
 @flax.struct.dataclass(kw_only=True)
-class TreeOnlyLie:
+class TreeOnlyLie(WrappedDrafter):
   """Broken on purpose in its trees only: chains are the inner drafter's,
   tree nodes report norm(q^2) instead of the q they were drawn from."""
-
-  inner: Any
-  uses_target_features = False
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return self.inner.vocabulary
-
-  def init_draft(self, encoder_tokens, length):
-    return self.inner.init_draft(encoder_tokens, length)
-
-  def propose(self, state, context, settings):
-    return self.inner.propose(state, context, settings)
 
   def propose_tree(self, state, context, settings, shape):
     proposal, state = self.inner.propose_tree(state, context, settings, shape)

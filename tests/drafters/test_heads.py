@@ -18,16 +18,15 @@ from _distribution_util import target_model
 from conftest import encoder_batch
 from conftest import sharpened
 from conftest import tiny_config
+from conftest import train_from_gin
 from conftest import training_log
 
-import gin
 import spec_decode as sd
 from spec_decode.core import drafter
 from spec_decode.core import sampling
 from spec_decode.drafters.heads import Heads
 from spec_decode.drafters.heads import HeadsState
 from spec_decode.drafters.heads import target_projection
-from spec_decode.train import cli as train_cli
 from spec_decode.train import heads as train_heads
 
 
@@ -292,26 +291,16 @@ def test_spec_decode_train_dispatches_on_a_heads_config(
     _TINY, train_examples=16, checkpoint_every=100, distill_weight=0.5
   )
   settings.pop('progress')
-  lines = [
-    'from __gin__ import dynamic_registration',
-    'from spec_decode.train import heads',
-    'MODEL_DIR = %gin.REQUIRED',
-    'heads.train_heads:',
-    '  model_dir = %MODEL_DIR',
-    f'  target_path = {synthetic_target_dir!r}',
-    '  train_steps = 2',
-    '  progress = False',
-  ] + [f'  {k} = {v!r}' for k, v in settings.items()]
-  gin_file = tmp_path / 'heads.gin'
-  gin_file.write_text('\n'.join(lines) + '\n')
-  model_dir = tmp_path / 'run'
-  try:
-    code = train_cli.main(
-      ['--gin_file', str(gin_file), '--model_dir', str(model_dir)]
-    )
-  finally:
-    gin.clear_config()
-  assert code == 0
+  model_dir = train_from_gin(
+    tmp_path,
+    'heads.train_heads',
+    dict(
+      target_path=synthetic_target_dir,
+      train_steps=2,
+      progress=False,
+      **settings,
+    ),
+  )
   assert (model_dir / 'heads' / 'heads.json').is_file()
   assert not (model_dir / 'model').exists()
 

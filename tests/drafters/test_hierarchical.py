@@ -25,6 +25,7 @@ from _distribution_util import FALSE_ALARM
 from _distribution_util import N
 from _distribution_util import ResidualDroppingVerifier
 from _distribution_util import V
+from _distribution_util import WrappedDrafter
 from _distribution_util import exact_probs
 from _distribution_util import g_test
 from _distribution_util import sample_sequences
@@ -272,23 +273,9 @@ def test_q_and_tokens_follow_the_draft_model_across_iterations(
 # ------------------------------------------------------------ outer level
 
 
-@flax.struct.dataclass
-class _SubDraftQ:
+@flax.struct.dataclass(kw_only=True)
+class _SubDraftQ(WrappedDrafter):
   """Negative control: reports the bigram sub-draft's q, not the model's."""
-
-  inner: Hierarchical
-  uses_target_features = False
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return None
-
-  def init_draft(self, encoder_tokens, length):
-    return self.inner.init_draft(encoder_tokens, length)
 
   def propose(self, state, context, settings):
     proposal, state = self.inner.propose(state, context, settings)

@@ -21,6 +21,7 @@ import pytest
 from _distribution_util import ENC
 from _distribution_util import FALSE_ALARM
 from _distribution_util import V as DIST_V
+from _distribution_util import WrappedDrafter
 from _distribution_util import exact_probs
 from _distribution_util import g_test
 from _distribution_util import sample_sequences
@@ -312,22 +313,8 @@ def test_greedy_speculative_equals_greedy_plain(
 
 
 @flax.struct.dataclass(kw_only=True)
-class LyingCopy:
+class LyingCopy(WrappedDrafter):
   """Negative control: proposes as Copy does, but reports q uniform."""
-
-  inner: Copy
-  uses_target_features = False
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return None
-
-  def init_draft(self, encoder_tokens, length):
-    return self.inner.init_draft(encoder_tokens, length)
 
   def propose(self, state, context, settings):
     proposal, state = self.inner.propose(state, context, settings)

@@ -7,21 +7,19 @@ process, and `spec-decode train` (`cli.main`) runs a gin file binding
 checkpoint and the exported draft are written and load next to the target.
 """
 
-import json
 import os
 
 import numpy as np
 import pytest
 from conftest import SYNTHETIC_EXTRA_IDS
+from conftest import train_from_gin
+from conftest import training_log
 
-import gin
 import spec_decode as sd
 from spec_decode.checkpoints import VOCAB_FILE
 from spec_decode.data import seqio_data
 from spec_decode.data import tasks
 from spec_decode.drafters.feature import FeatureDraft
-from spec_decode.train import cli as train_cli
-from spec_decode.train import common
 
 pytestmark = pytest.mark.skipif(
   not seqio_data.installed(),
@@ -90,26 +88,12 @@ def test_spec_decode_train_trains_a_feature_draft_on_a_seqio_task(
     log_every=1,
     progress=False,
   )
-  lines = [
-    'from __gin__ import dynamic_registration',
-    'from spec_decode.train import feature',
-    'MODEL_DIR = %gin.REQUIRED',
-    'feature.train_feature:',
-    '  model_dir = %MODEL_DIR',
-    f'  target_path = {synthetic_target_dir!r}',
-  ] + [f'  {k} = {v!r}' for k, v in settings.items()]
-  gin_file = tmp_path / 'feature_seqio.gin'
-  gin_file.write_text('\n'.join(lines) + '\n')
-  model_dir = tmp_path / 'run'
-  try:
-    code = train_cli.main(
-      ['--gin_file', str(gin_file), '--model_dir', str(model_dir)]
-    )
-  finally:
-    gin.clear_config()
-  assert code == 0
-  with open(model_dir / common.LOG_FILE) as f:
-    log = [r for r in map(json.loads, f) if 'loss' in r]
+  model_dir = train_from_gin(
+    tmp_path,
+    'feature.train_feature',
+    dict(target_path=synthetic_target_dir, **settings),
+  )
+  log = [r for r in training_log(str(model_dir)) if 'loss' in r]
   assert [r['step'] for r in log][-1] == 12
   first = np.mean([r['loss'] for r in log[:2]])
   last = np.mean([r['loss'] for r in log[-2:]])

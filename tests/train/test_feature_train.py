@@ -7,13 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 from conftest import SYNTHETIC_PIECES
 from conftest import encoder_batch
+from conftest import train_from_gin
 from conftest import training_log
 
-import gin
 import spec_decode as sd
 from spec_decode.drafters.feature import FeatureDraft
 from spec_decode.models.t5_model import shift_right
-from spec_decode.train import cli as train_cli
 from spec_decode.train import feature as train_feature
 
 PIECES = SYNTHETIC_PIECES
@@ -102,25 +101,15 @@ def test_spec_decode_train_dispatches_on_a_feature_config(
   settings['targets'] = 'references'
   settings['buckets'] = ((64, 64, 8),)
   settings['cache_features'] = False  # Features computed in the step.
-  lines = [
-    'from __gin__ import dynamic_registration',
-    'from spec_decode.train import feature',
-    'MODEL_DIR = %gin.REQUIRED',
-    'feature.train_feature:',
-    '  model_dir = %MODEL_DIR',
-    f'  target_path = {synthetic_target_dir!r}',
-    '  train_steps = 2',
-    '  progress = False',
-  ] + [f'  {k} = {v!r}' for k, v in settings.items()]
-  gin_file = tmp_path / 'feature.gin'
-  gin_file.write_text('\n'.join(lines) + '\n')
-  model_dir = tmp_path / 'run'
-  try:
-    code = train_cli.main(
-      ['--gin_file', str(gin_file), '--model_dir', str(model_dir)]
-    )
-  finally:
-    gin.clear_config()
-  assert code == 0
+  model_dir = train_from_gin(
+    tmp_path,
+    'feature.train_feature',
+    dict(
+      target_path=synthetic_target_dir,
+      train_steps=2,
+      progress=False,
+      **settings,
+    ),
+  )
   assert (model_dir / 'feature_draft' / 'feature_draft.json').is_file()
   assert not (model_dir / 'greedy_train.npz').exists()

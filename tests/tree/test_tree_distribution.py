@@ -20,6 +20,7 @@ from _distribution_util import ENC
 from _distribution_util import FALSE_ALARM
 from _distribution_util import M
 from _distribution_util import V
+from _distribution_util import WrappedDrafter
 from _distribution_util import exact_probs
 from _distribution_util import g_test
 from _distribution_util import sample_sequences
@@ -39,25 +40,8 @@ SETTINGS = {
 
 
 @flax.struct.dataclass(kw_only=True)
-class SiblingQWithoutRemoval:
+class SiblingQWithoutRemoval(WrappedDrafter):
   """Negative control: rank-r children report the rank-0 child's q."""
-
-  inner: model_drafter.ModelDrafter
-  uses_target_features = False
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return None
-
-  def init_draft(self, encoder_tokens, length):
-    return self.inner.init_draft(encoder_tokens, length)
-
-  def propose(self, state, context, settings):
-    return self.inner.propose(state, context, settings)
 
   def propose_tree(self, state, context, settings, shape):
     proposal, state = self.inner.propose_tree(state, context, settings, shape)

@@ -21,6 +21,7 @@ import pytest
 from _distribution_util import ENC
 from _distribution_util import FALSE_ALARM
 from _distribution_util import V
+from _distribution_util import WrappedDrafter
 from _distribution_util import exact_probs
 from _distribution_util import g_test
 from _distribution_util import sample_sequences
@@ -37,25 +38,8 @@ NAMES = ['ngram', 'copy', 'heads']
 
 
 @flax.struct.dataclass(kw_only=True)
-class UniformQ:
+class UniformQ(WrappedDrafter):
   """Negative control: every node reports a uniform q."""
-
-  inner: object
-  uses_target_features: bool = flax.struct.field(pytree_node=False)
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return None
-
-  def init_draft(self, encoder_tokens, length):
-    return self.inner.init_draft(encoder_tokens, length)
-
-  def propose(self, state, context, settings):
-    return self.inner.propose(state, context, settings)
 
   def propose_tree(self, state, context, settings, shape):
     proposal, state = self.inner.propose_tree(state, context, settings, shape)
