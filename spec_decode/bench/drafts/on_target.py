@@ -20,6 +20,7 @@ Every speculative output is checked against plain decoding at temperature
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -30,6 +31,7 @@ from spec_decode.bench.drafts.table import encoder_tokens
 from spec_decode.core import model_drafter
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.drafters import feature as feature_lib
+from spec_decode.drafters import heads as heads_lib
 from spec_decode.policy import timing
 
 TARGET = 'checkpoints/demo/target'
@@ -49,7 +51,7 @@ def load_drafts(target, drafts: dict[str, str]) -> dict:
     full = paths.resolve(path)
     if feature_lib.is_feature_draft_dir(full):
       out[name] = sd.drafters.FeatureDraft.load(full, target)
-    elif 'heads' in name.lower():
+    elif os.path.isfile(os.path.join(full, heads_lib.INFO_FILE)):
       out[name] = sd.drafters.Heads.load(full)
     else:
       out[name] = sd.Model.load(full)
