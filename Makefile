@@ -104,22 +104,24 @@ bench: install
 # The decoding checks that matter on a new backend (greedy identity of chains,
 # trees and beams, a whole-sequence distribution test, a one-device mesh).
 test-accel: install
-	$(PY) -m pytest -q -m accel tests
+	SPEC_DECODE_KERNEL=0 JAX_DEFAULT_MATMUL_PRECISION=float32 \
+	  $(PY) -m pytest -v -m accel tests
 
 # The accelerator bench's CPU rehearsal (toy sizes; `make test` runs it too).
 accel-tiny: install
 	$(PY) -m spec_decode.main bench accel --tiny --out_dir accel_tiny
 
-# The GPU job, prepared here and run there in one command (docs/benchmarks.md,
-# "On an accelerator"): `make accel-wheels` here fetches what the GPU image
-# lacks (gin-config) into .whl/; there, with .whl carried,
-#   make accel-gpu PY=python3 OUT=$$OUT
-# installs them, runs `spec-decode bench accel` within ACCEL_BUDGET seconds
-# (results in $(OUT)/accel/, rewritten after every measurement) and then the
-# `accel` test subset, about 8 minutes in all. Rehearsed on the CPU with
+# The GPU jobs, prepared here and run there as one script each
+# (launch_gpu.sh; docs/accelerator.md). `make accel-wheels` here fetches what
+# the GPU image lacks (gin-config) into .whl/; there, with .whl carried,
+#   bash launch_gpu.sh accel        (or: make accel-gpu PY=python3 OUT=$$OUT)
+# runs the smoke step, `spec-decode bench accel` within ACCEL_BUDGET seconds
+# (results in $(OUT)/accel/, rewritten after every measurement) and the
+# accel tests, at most 9 minutes in all. Rehearsed on the CPU (make test
+# runs it, tests/test_launch_gpu.py) with
 #   make accel-gpu PY=.venv/bin/python OUT=/tmp/accel ACCEL_PLATFORM=cpu \
 #     ACCEL_FLAGS=--tiny
-ACCEL_BUDGET ?= 330
+ACCEL_BUDGET ?= 360
 ACCEL_FLAGS ?=
 ACCEL_PLATFORM ?= cuda
 ACCEL_WHEELS := gin-config==0.5.0
@@ -130,31 +132,21 @@ accel-wheels:
 	grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 
 accel-gpu:
-	@test -n "$(OUT)" || { echo 'make accel-gpu: set OUT=<directory>'; exit 2; }
-	if [ -d .whl ]; then $(PY) -m pip install -q --no-index --no-deps \
-	  --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
-	mkdir -p $(OUT)/accel
-	PYTHONPATH=/tmp/site:$$PYTHONPATH PYTHONUNBUFFERED=1 \
-	  JAX_PLATFORMS=$(ACCEL_PLATFORM) XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 \
-	  timeout $$(( $(ACCEL_BUDGET) + 60 )) $(PY) -m spec_decode.main bench accel \
-	  --out_dir $(OUT)/accel --budget $(ACCEL_BUDGET) $(ACCEL_FLAGS) 2>&1 \
-	  | tee $(OUT)/accel.log; \
-	PYTHONPATH=/tmp/site:$$PYTHONPATH JAX_PLATFORMS=$(ACCEL_PLATFORM) \
-	  timeout 120 $(PY) -m pytest -q -p no:cacheprovider -m accel tests 2>&1 \
-	  | tee $(OUT)/accel_tests.log
+	OUT=$(OUT) PY=$(PY) PLATFORM=$(ACCEL_PLATFORM) BUDGET=$(ACCEL_BUDGET) \
+	  FLAGS='$(ACCEL_FLAGS)' bash launch_gpu.sh accel
 
 # The demo pair trained on a GPU in one go (docs/accelerator.md, "The second
 # job"). Here: `make train-gpu-pack` packs the train and validation splits
 # into .gpu/demo_train.tar.xz (about 7 MiB) and fetches the gin-config wheel.
 # There, with .whl and .gpu carried:
-#   make train-gpu PY=python3 OUT=$$OUT
+#   bash launch_gpu.sh train        (or: make train-gpu PY=python3 OUT=$$OUT)
 # trains the target, then distils the draft, within PAIR_BUDGET seconds,
 # writing summary.json, pair.log and models.tar.NN into $(OUT). Back here:
 #   make train-gpu-unpack FROM=<folder of the returned files>
 # reassembles the models into $(PAIR_TO)/{target,draft}_gpu/model. Rehearsed
 # on the CPU with PAIR_PLATFORM=cpu PAIR_FLAGS=--tiny (tests/train/
 # test_pair_job.py runs the same job).
-PAIR_BUDGET ?= 540
+PAIR_BUDGET ?= 510
 PAIR_FLAGS ?=
 PAIR_PLATFORM ?= cuda
 PAIR_TO ?= runs/demo
@@ -162,13 +154,8 @@ train-gpu-pack: accel-wheels
 	$(PY) -m spec_decode.main data pack --data_dir $(DATA_DIR) --out .gpu/demo_train.tar.xz
 
 train-gpu:
-	@test -n "$(OUT)" || { echo 'make train-gpu: set OUT=<directory>'; exit 2; }
-	if [ -d .whl ]; then $(PY) -m pip install -q --no-index --no-deps \
-	  --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
-	PYTHONPATH=/tmp/site:$$PYTHONPATH PYTHONUNBUFFERED=1 SPEC_DECODE_KERNEL=0 \
-	  JAX_PLATFORMS=$(PAIR_PLATFORM) timeout $$(( $(PAIR_BUDGET) + 45 )) \
-	  $(PY) -m spec_decode.main train pair --out_dir $(OUT) \
-	  --budget_s $(PAIR_BUDGET) $(PAIR_FLAGS)
+	OUT=$(OUT) PY=$(PY) PLATFORM=$(PAIR_PLATFORM) BUDGET=$(PAIR_BUDGET) \
+	  FLAGS='$(PAIR_FLAGS)' bash launch_gpu.sh train
 
 train-gpu-unpack:
 	@test -n "$(FROM)" || { echo 'make train-gpu-unpack: set FROM=<directory>'; exit 2; }

@@ -35,6 +35,7 @@ _EXTRAS = {
         'pytest>=8',
         # make test runs the test files on several processes (-n).
         'pytest-xdist>=3.5',
+        'pytest-timeout>=2.3',
         'scipy>=1.11',
         'ruff>=0.6',
         'nbclient>=0.10',

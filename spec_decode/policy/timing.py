@@ -33,8 +33,11 @@ def median_time(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
+@functools.partial(jax.jit, static_argnames=('batch', 'prefix', 'length'))
 def _primed_state(model, batch: int, prefix: int, length: int):
-  """A decoding state of `length` positions with `prefix` tokens scored."""
+  """A decoding state of `length` positions with `prefix` tokens scored
+  (compiled: eager op-by-op dispatch of a large model costs more than its
+  compile)."""
   state = model.init_state(jnp.full((batch, 16), 5, jnp.int32), length)
   return model.score(state, jnp.zeros((batch, prefix), jnp.int32))[1]
 
@@ -43,19 +46,28 @@ def _index(state):
   return state.cache.index if hasattr(state, 'cache') else state.index
 
 
-@functools.partial(jax.jit, static_argnames=('num_tokens', 'calls'))
-def _repeated_score(model, state, num_tokens: int, calls: int):
+@functools.partial(
+  jax.jit, static_argnames=('num_tokens', 'calls', 'attention')
+)
+def _repeated_score(model, state, num_tokens: int, calls: int, attention=None):
   """`calls` score calls of `num_tokens` tokens inside one compiled loop.
 
   Each call rolls back to the same index and writes the cache the next call
-  reads, so XLA cannot hoist the work out of the loop.
+  reads, so XLA cannot hoist the work out of the loop. With a tree's
+  `attention` (`core.tree.TreeAttention`, static) the calls are
+  `score_tree` calls over its nodes, timed by the same loop, so a tree's
+  cost and a chain's are comparable.
   """
   index = _index(state)
   tokens = jnp.zeros((index.shape[0], num_tokens), jnp.int32)
 
   def body(_, carry):
     st, acc = carry
-    logits, st = model.score(model.rollback(st, index), tokens)
+    st = model.rollback(st, index)
+    if attention is None:
+      logits, st = model.score(st, tokens)
+    else:
+      logits, st = model.score_tree(st, tokens, attention)
     return st, acc + logits[0, 0, 0]
 
   return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
@@ -125,14 +137,46 @@ def step_times(
   batch: int = 1,
   prefix: int = 16,
   calls: int = 16,
+  length: int | None = None,
 ) -> dict[int, float]:
-  """Median time of one in-loop `score` call with k tokens per row, per k."""
-  state = _primed_state(model, batch, prefix, prefix + max(ks) + 2)
+  """Median time of one in-loop `score` call with k tokens per row, per k.
+
+  `length` (default `prefix + max(ks) + 2`) is the cache's length: callers
+  that time one k at a time pass one length so the primed state compiles
+  once.
+  """
+  length = length or prefix + max(ks) + 2
+  state = _primed_state(model, batch, prefix, length)
   return {
     k: median_time(lambda k=k: _repeated_score(model, state, k, calls), repeats)
     / calls
     for k in ks
   }
+
+
+def tree_step_time(
+  model: Any,
+  attention: Any,
+  num_nodes: int,
+  repeats: int,
+  batch: int = 1,
+  prefix: int = 16,
+  calls: int = 16,
+  length: int | None = None,
+) -> float:
+  """`step_times` for one `score_tree` call over a tree of `num_nodes`
+  nodes (root included) with `attention` (`TreeAttention.target_attention`
+  of its shape): the same loop, calls and rollback, so v_tree(n) and
+  v_chain(n) differ only in the call."""
+  length = length or prefix + num_nodes + 2
+  state = _primed_state(model, batch, prefix, length)
+  return (
+    median_time(
+      lambda: _repeated_score(model, state, num_nodes, calls, attention),
+      repeats,
+    )
+    / calls
+  )
 
 
 @functools.partial(jax.jit, static_argnames=('settings', 'calls'))

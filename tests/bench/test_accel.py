@@ -1,8 +1,9 @@
-"""`spec-decode bench accel`: the CPU rehearsal of the GPU job, and its parts.
+"""`spec-decode bench accel`: the plan, its parts, and a short-budget run.
 
-The rehearsal (`--tiny`) runs every section at toy sizes, so the command a
-GPU session runs cannot rot: every section must report results, nothing may
-be skipped or fail.
+The whole GPU command (`launch_gpu.sh accel`) is rehearsed end to end in
+tests/test_launch_gpu.py; here the plan itself: a run with too little time
+must measure the XXL core first and record every item it could not run,
+with the reason.
 """
 
 import dataclasses
@@ -13,47 +14,134 @@ import time
 import pytest
 
 import spec_decode as sd
+from spec_decode.bench.accel import cost
 from spec_decode.bench.accel import identity
 from spec_decode.bench.accel import plan as plan_lib
 from spec_decode.bench.accel import record
 from spec_decode.bench.accel import run
+from spec_decode.bench.accel import runner
+from spec_decode.bench.accel import shapes
 
 
-def test_tiny_rehearsal_runs_every_section(tmp_path):
-  out = str(tmp_path / 'accel')
-  assert run.main(['--tiny', '--out_dir', out]) == 0
+def _doc(out):
   with open(os.path.join(out, record.JSON_FILE), encoding='utf-8') as f:
-    doc = json.load(f)
-  assert doc['errors'] == [] and doc['skipped'] == []
-  s = doc['sections']
-  for dtype in ('bfloat16', 'float32'):
-    ident = s[f'identity_{dtype}']
-    assert ident['dtype'] == dtype and ident['rows'] == 8
-    # float32 is measured with true float32 products (not JAX's TF32
-    # default on GPUs); bfloat16 with the default.
-    want = 'float32' if dtype == 'float32' else 'None'
-    assert ident['matmul_precision'] == want, ident
-    # At toy sizes on the CPU both dtypes keep greedy identity.
-    assert ident['share_identical'] == 1.0, ident
-  for size in ('xxl', 'small'):
-    got = s['sizes'][size]
-    assert set(got['v']) == {'1', '3'} and got['c'] > 0
-    (speed,) = got['speedup'].values()
-    assert speed['gamma'] == 2 and speed['same_as_plain']
-    assert speed['measured'] > 0 and speed['predicted'] > 0
-  (row,) = s['batching']
-  assert row['batch'] == 2 and row['same_as_plain']['auto'] == 1.0
-  assert set(s['trees']['v_tree']) == {'2'}
-  assert [r['config'] for r in s['trees']['controlled']] == [
-    'chain gamma=2',
-    'tree budget=2',
+    return json.load(f)
+
+
+def _order(plan, tmp):
+  """Every item key in plan order (as `run.items` makes them)."""
+  rec = record.Recorder(str(tmp), {}, render=None)
+  return [i.key for i in run.items(rec, plan)]
+
+
+def test_a_short_budget_measures_the_core_first_and_records_the_rest(
+  tmp_path,
+):
+  # 45 s without the smoke step: the draft, the XXL init and v(1) take a
+  # few seconds on a 2-core CPU; the full tiny plan takes about two
+  # minutes, so most items cannot fit.
+  out = str(tmp_path / 'accel')
+  code = run.main(
+    ['--tiny', '--budget', '45', '--skip', 'smoke', '--out_dir', out]
+  )
+  assert code == 0
+  doc = _doc(out)
+  assert doc['finished'] and doc['running'] is None and not doc['errors']
+  # Items carry their prediction; the rest are an item's parts (the
+  # identity check's batches).
+  ran = [
+    f'{e["section"]}/{e["item"]}'
+    for e in doc['timeline']
+    if e['predicted'] is not None
   ]
-  (beam,) = s['beam']
-  assert beam['exact'] and beam['num_beams'] == 2
-  with open(os.path.join(out, record.MARKDOWN_FILE), encoding='utf-8') as f:
-    md = f.read()
-  for heading in ('Greedy identity', 'Targets with', 'by batch', 'tree of n'):
-    assert heading in md
+  skipped = {f'{x["section"]}/{x["item"]}': x['why'] for x in doc['skipped']}
+  order = _order(plan_lib.tiny(45), tmp_path / 'order')
+  # Every item is accounted for, once, and the ones that ran ran in order.
+  assert sorted(ran + list(skipped)) == sorted(order)
+  assert ran == [k for k in order if k in ran]
+  assert ran[:3] == ['setup/draft', 'xxl/init', 'xxl/v(1)']
+  assert skipped['smoke/checks'].startswith('not selected')
+  # The XXL core came before anything else, and its rows exist.
+  first_rest = min(
+    (order.index(k) for k in ran if not k.startswith(('setup', 'xxl/'))),
+    default=len(order),
+  )
+  assert all(order.index(k) < first_rest for k in ran if k.startswith('xxl/'))
+  xxl = doc['sections']['sizes']['xxl']
+  assert xxl['target_step_ms'] > 0 and xxl['step']['1']['bound_ms'] > 0
+  # Most of the plan did not fit, and says why.
+  assert len(skipped) >= 10
+  assert any('predicted' in why and 'left in its box' in why
+             for why in skipped.values())  # fmt: skip
+  parts = {e['section'] for e in doc['timeline'] if e['predicted'] is None}
+  assert parts <= {k.split('/')[0] for k in ran}
+
+
+def test_a_killed_run_says_where_it_stopped(tmp_path):
+  rec = record.Recorder(str(tmp_path), {}, render=None)
+
+  def die(box):
+    raise KeyboardInterrupt  # What SIGINT or timeout's kill leaves.
+
+  items = [
+    runner.Item('xxl', 'v(1)', lambda: 1.0, lambda box: None),
+    runner.Item('xxl', 'v(8)', lambda: 1.0, die),
+  ]
+  with pytest.raises(KeyboardInterrupt):
+    runner.Runner(rec, 60, {}).run(items)
+  doc = _doc(str(tmp_path))
+  assert not doc['finished']
+  assert doc['running']['item'] == 'v(8)' and doc['running']['predicted'] == 1
+  assert [e['item'] for e in doc['timeline']] == ['v(1)']
+
+
+def test_items_that_would_not_fit_are_skipped_with_their_prediction(
+  tmp_path,
+):
+  rec = record.Recorder(str(tmp_path), {}, render=None)
+  calls = []
+  items = [
+    runner.Item('xxl', 'a', lambda: 0.01, lambda box: calls.append('a')),
+    runner.Item('xxl', 'b', lambda: 1e6, lambda box: calls.append('b')),
+    runner.Item('trees', 'c', lambda: 0.01, lambda box: calls.append('c')),
+    runner.Item('beam', 'd', lambda: 0.01, lambda box: calls.append('d')),
+  ]
+  r = runner.Runner(rec, 60, {'trees': 0.5, 'beam': 0.5})
+  r.run(items, skip=['beam'])
+  assert calls == ['a', 'c']
+  why = {x['item']: x['why'] for x in rec.data['skipped']}
+  assert why['b'].startswith('predicted 1000000 s > ')
+  assert why['d'].startswith('not selected')
+  # The negative control: with room, the same item runs.
+  r2 = runner.Runner(rec, 60, {})
+  r2.run([runner.Item('xxl', 'b', lambda: 1.0, lambda b: calls.append('b'))])
+  assert calls[-1] == 'b'
+
+
+def test_only_and_skip_name_sections_or_items():
+  item = runner.Item('xxl', 'v(8)', lambda: 0, lambda box: None)
+  assert runner.selected(item, [], [])
+  assert runner.selected(item, ['xxl'], [])
+  assert runner.selected(item, ['xxl/v(8)'], [])
+  assert not runner.selected(item, ['trees'], [])
+  assert not runner.selected(item, [], ['xxl/v(8)'])
+  assert not runner.selected(item, ['xxl'], ['xxl'])
+
+
+def test_a_failing_smoke_step_stops_the_run(tmp_path, monkeypatch, capsys):
+  from spec_decode.bench.accel import api_check
+
+  monkeypatch.setattr(
+    api_check,
+    'check',
+    lambda: [{'api': 'jax.moved', 'ok': False, 'error': 'gone', 'seconds': 0}],
+  )
+  out = str(tmp_path / 'accel')
+  assert run.main(['--tiny', '--budget', '30', '--out_dir', out]) == 3
+  doc = _doc(out)
+  assert 'jax.moved' in doc['errors'][0]['error']
+  assert [e['item'] for e in doc['timeline']] == ['checks']
+  assert 'smoke step failed' in capsys.readouterr().out
 
 
 def test_real_sizes_are_refused_on_a_cpu(tmp_path, capsys):
@@ -61,8 +149,9 @@ def test_real_sizes_are_refused_on_a_cpu(tmp_path, capsys):
     run.main(['--out_dir', str(tmp_path)])
   assert e.value.code == 2
   assert 'need an accelerator' in capsys.readouterr().err
-  with pytest.raises(SystemExit):
-    run.main(['--tiny', '--out_dir', str(tmp_path), '--only', 'nope'])
+  for bad in (['--only', 'nope'], ['--skip', 'nope/x']):
+    with pytest.raises(SystemExit):
+      run.main(['--tiny', '--out_dir', str(tmp_path)] + bad)
   assert not os.listdir(tmp_path)  # Nothing was written before the checks.
 
 
@@ -95,14 +184,65 @@ def test_deadline_boxes_nest():
   assert outer.left() == 0.0 and not inner.fits(0.0 + 1e-9)
 
 
-def test_full_plan_orders_xxl_first_and_shares_the_budget():
-  plan = plan_lib.full(420.0)
+def test_full_plan_puts_the_xxl_core_first(tmp_path):
+  plan = plan_lib.full(360.0)
   assert list(plan.targets) == ['xxl', 'small', 'base', 'large', 'xl']
   assert plan.targets['xxl'].emb_dim == 4096
   assert str(plan.targets['xxl'].dtype) == 'bfloat16'
   assert not plan.targets['xxl'].cpu_kernel
   assert abs(sum(plan.boxes.values()) - 1.0) < 1e-9
-  assert run.SECTIONS[:2] == ('identity_bfloat16', 'xxl')
+  assert plan.core_ks == (1, 8, 2, 4, 16)
+  assert (plan.core_alpha, plan.core_gamma) == (0.75, 7)
+  order = _order(plan, tmp_path)
+  assert order[:10] == [
+    'smoke/checks', 'setup/draft', 'xxl/init', 'xxl/v(1)', 'xxl/v(8)',
+    'xxl/v(2)', 'xxl/v(4)', 'xxl/v(16)', 'xxl/c', 'xxl/alpha 0.75 gamma 7',
+  ]  # fmt: skip
+  assert order[10] == 'identity_bfloat16/rows'
+  # The core has no share: it runs against the whole budget.
+  assert not {k.split('/')[0] for k in order[:11]} & set(plan.boxes)
+
+
+@pytest.mark.parametrize('size', plan_lib.SIZES)
+def test_real_widths_build_at_toy_depth(size):
+  """Every program the bench compiles, traced at the real widths."""
+  plan = plan_lib.full()
+  target = plan_lib.toy_depth(plan.targets[size])
+  got = shapes.build(target, plan_lib.toy_depth(plan.draft), plan.core_gamma)
+  assert got['params']['token_embedder']['embedding'].shape == (
+    target.vocab_size,
+    target.emb_dim,
+  )
+  plain_tokens = got['decodes'][0][0]
+  assert plain_tokens.shape == (1, 8)
+
+
+def test_bandwidth_bound_counts_weights_and_cache():
+  config = plan_lib.t5_1_1('xxl')
+  nbytes = cost.step_bytes(config, 1, 0, 0)
+  # T5 v1.1 XXL's decoder: 24 layers of 4 + 2 attention projections of
+  # 4096 x 4096 and 3 MLP matrices of 4096 x 10240, and the 32128 x 4096
+  # vocabulary projection, in bfloat16: 12.9 GB.
+  want = 2 * (24 * (6 * 4096 * 4096 + 3 * 4096 * 10240) + 32128 * 4096)
+  assert nbytes == want
+  assert cost.step_bytes(config, 2, 10, 6) == want + 2 * 2 * 24 * 2 * 16 * 4096
+  assert cost.nominal_bandwidth('NVIDIA H100 80GB HBM3') == 3.35e12
+  assert cost.nominal_bandwidth('NVIDIA H200') == 4.8e12
+  assert cost.nominal_bandwidth('Quantum abacus') is None
+
+
+def test_predictor_learns_compile_rates_conservatively():
+  p = cost.Predictor(rate=1.0, margin=1.0)
+  config = plan_lib.t5_1_1('small')
+  assert p.predict(10, 0, config) == 10.0  # The prior.
+  p.observe_compile(10, 2.0)  # The first measurement replaces the prior.
+  assert p.rate == pytest.approx(0.2)
+  p.observe_compile(10, 1.0)  # A faster one does not lower it.
+  assert p.rate == pytest.approx(0.2)
+  p.observe_compile(10, 5.0)
+  assert p.rate == pytest.approx(0.5)
+  p.step[config] = 0.01
+  assert p.predict(0, 100, config) == pytest.approx(1.0)
 
 
 def test_restore_measures_float32_attention_logits(tmp_path):

@@ -9,6 +9,7 @@ reassembled here, loaded with `sd.Model.load` and decoded.
 
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
@@ -145,15 +146,25 @@ def test_a_stage_past_its_end_is_stopped(tmp_path, monkeypatch, loop_started):
 
 
 def test_the_tiny_rehearsal_end_to_end(tmp_path):
+  """The GPU command itself (`launch_gpu.sh train`) at toy sizes."""
   data = _fake_data(tmp_path / 'debian')
   pack = tmp_path / 'demo_train.tar.xz'
   pack_lib.pack(str(data), str(pack))
   out = tmp_path / 'out'
-  code = pair_job.main(
-    ['--tiny', '--pack', str(pack), '--out_dir', str(out)]
-    + ['--work_dir', str(tmp_path / 'work')]
+  env = dict(
+    os.environ,
+    OUT=str(out),
+    PY=sys.executable,
+    PLATFORM='cpu',
+    PACK=str(pack),
+    BUDGET='180',
+    FLAGS=f'--tiny --work_dir {tmp_path / "work"}',
   )
-  assert code == 0
+  root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+  job = subprocess.run(
+    ['bash', 'launch_gpu.sh', 'train'], cwd=root, env=env, timeout=400
+  )
+  assert job.returncode == 0
   # What the device tool returns: at most 8 files of at most 16 MiB, at
   # most 2 folders down.
   files = [os.path.join(d, f) for d, _, names in os.walk(out) for f in names]

@@ -3,13 +3,13 @@
 The models are T5 v1.1 at the sizes of our gin files (`gin/models/t5_1_1/`,
 T5X's own sizes) with random weights, bfloat16 weights and activations and
 float32 logits (as T5X runs them on an accelerator), the CPU kernel off.
-The draft is T5 v1.1 small. `TINY` is the same plan at toy sizes, for the
+The draft is T5 v1.1 small. `tiny` is the same plan at toy sizes, for the
 CPU rehearsal that `make test` runs.
 
-Every item runs inside a time box (`Deadline`): an item whose predicted
-duration no longer fits is skipped and recorded as skipped, so a slow size
-costs that size's box, never the sections after it. XXL comes first among
-the targets: it is the size the paper's numbers are about.
+Every item predicts its own cost (`cost.Predictor`) and runs only if that
+fits its time box (`Deadline`); one that would not is skipped and recorded
+with the reason, so a slow item costs its own box, never the items after
+it. The XXL core comes first: it is what the paper's numbers are about.
 """
 
 import dataclasses
@@ -18,44 +18,56 @@ import time
 from spec_decode.t5.config import T5Config
 
 SIZES = ('xxl', 'small', 'base', 'large', 'xl')
-# v(k) at these k first (then the rest up to 16): what the speedup
-# prediction and gamma choice read most.
-K_ORDER = (1, 2, 4, 8, 16, 3, 5, 6, 12, 7, 10, 14, 9, 11, 13, 15)
-ALPHAS = (0.5, 0.7, 0.8, 0.9)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """One run's sizes and time boxes (seconds).
+  """One run's sizes, items and time shares.
+
+  The XXL core comes first (`run.py`): the plain step, v(k) at `core_ks`,
+  c, the controlled-acceptance speedup at `core_alpha` and `core_gamma`
+  (the paper's Table 2 setting) next to Theorem 3.8, and the bfloat16
+  identity check. The rest follows, each section in its share (`boxes`) of
+  what the core left.
 
   Attributes:
     targets: size name -> target config (bf16), measured in this order.
     draft: the draft config (T5 v1.1 small, bf16).
     max_decode_len: output tokens per decode.
     repeats: timed repeats (medians).
-    ks: v(k) token counts, most needed first.
-    alphas: controlled acceptance rates.
+    core_ks: v(k) token counts of the core, most needed first.
+    more_ks: further v(k) (the alpha sweep's gamma choice reads them).
+    core_alpha: the core's controlled acceptance (Table 2: 0.75).
+    core_gamma: the core's gamma (Table 2: 7; needs v(core_gamma + 1)).
+    alphas: further controlled acceptance rates (gamma by Theorem 3.8).
     batches: the XXL/small batch sizes (plain vs auto vs best fixed gamma).
     batch_alpha: the controlled acceptance of the batch section.
     fixed_gammas: the fixed gammas the batch section tries.
-    tree_nodes: tree sizes whose scoring cost v(n) is measured.
+    tree_nodes: tree sizes whose scoring cost v_tree(n) is measured.
     tree_alpha: the controlled acceptance of trees vs chains.
     tree_budgets: node budgets of trees vs chains (same target positions).
     beams: beam count of speculative vs plain beam search.
     beam_gamma: draft tree depth of speculative beam search.
+    beam_alphas: controlled acceptance rates of the beam section.
     identity_rows: decodes compared token for token, per dtype.
     identity_batch: rows per decode call of the identity check.
     identity_gamma: gamma of the identity check's speculative decodes.
+    smoke_copy_bytes: the array the smoke step copies to measure bandwidth.
+    compile_rate: the prior seconds of compilation per layer traced
+      (`cost.Predictor`) until a real-size program is measured.
     budget: seconds for the whole run.
-    boxes: section (or size) name -> its share of the budget.
+    boxes: section name -> its share of what the core leaves.
   """
 
   targets: dict
   draft: T5Config
   max_decode_len: int = 64
   repeats: int = 3
-  ks: tuple = K_ORDER
-  alphas: tuple = ALPHAS
+  core_ks: tuple = (1, 8, 2, 4, 16)
+  more_ks: tuple = (3, 5, 6, 12)
+  core_alpha: float = 0.75
+  core_gamma: int = 7
+  alphas: tuple = (0.5, 0.9)
   batches: tuple = (1, 8, 32, 64)
   batch_alpha: float = 0.8
   fixed_gammas: tuple = (2, 4, 8)
@@ -64,11 +76,19 @@ class Plan:
   tree_budgets: tuple = (4, 8, 16)
   beams: int = 4
   beam_gamma: int = 3
+  beam_alphas: tuple = (0.7, 0.9)
   identity_rows: int = 256
   identity_batch: int = 64
   identity_gamma: int = 4
-  budget: float = 420.0
+  smoke_copy_bytes: int = 2**31
+  compile_rate: float = 1.0
+  budget: float = 360.0
   boxes: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def step_length(self) -> int:
+    """Cache length of every v(k) timing (one primed state per model)."""
+    return 16 + max(self.core_ks + self.more_ks) + 2
 
 
 def _bf16(config: T5Config) -> T5Config:
@@ -85,22 +105,29 @@ def t5_1_1(size: str) -> T5Config:
   return _bf16(T5Config.from_gin(f'models/t5_1_1/{size}.gin'))
 
 
-# Shares of the budget (they sum to 1): the identity check and XXL first.
+def toy_depth(config: T5Config, layers: int = 1) -> T5Config:
+  """`config` at its real widths with `layers` encoder and decoder layers:
+  built (abstractly) by the rehearsal, so a shape bug at the real widths
+  shows on the CPU."""
+  return config.replace(num_encoder_layers=layers, num_decoder_layers=layers)
+
+
+# Shares of what the core leaves (they sum to 1).
 FULL_BOXES = {
-  'identity_bfloat16': 0.12,
-  'xxl': 0.26,
-  'batching': 0.14,
-  'trees': 0.09,
-  'beam': 0.09,
-  'identity_float32': 0.10,
-  'small': 0.04,
-  'base': 0.04,
-  'large': 0.06,
-  'xl': 0.06,
+  'xxl_more': 0.12,
+  'f32_attention': 0.06,
+  'batching': 0.12,
+  'trees': 0.14,
+  'beam': 0.12,
+  'identity_float32': 0.12,
+  'small': 0.06,
+  'base': 0.06,
+  'large': 0.1,
+  'xl': 0.1,
 }
 
 
-def full(budget: float = 420.0) -> Plan:
+def full(budget: float = 360.0) -> Plan:
   """The real sizes (XXL: 11B parameters, 22 GB in bfloat16)."""
   return Plan(
     targets={s: t5_1_1(s) for s in SIZES},
@@ -125,12 +152,13 @@ def _toy(layers: int, emb: int) -> T5Config:
   )
 
 
-def tiny(budget: float = 600.0) -> Plan:
+def tiny(budget: float = 1200.0) -> Plan:
   """Every section at toy sizes: the CPU rehearsal (`--tiny`).
 
-  Its budget is large enough that nothing is skipped (the rehearsal runs
-  every code path once); its items are few, so that it takes about a
-  minute of mostly compiling on a 2-core CPU.
+  Its default budget is large enough that nothing is skipped (the
+  rehearsal runs every code path once); its items are few, so that it takes
+  about a minute of mostly compiling on a 2-core CPU. A short `--budget`
+  rehearses the plan itself: the core first, the rest skipped with reasons.
   """
   return Plan(
     # The draft and the small target share shapes: one compile serves both.
@@ -138,26 +166,32 @@ def tiny(budget: float = 600.0) -> Plan:
     draft=_toy(1, 32),
     max_decode_len=8,
     repeats=1,
-    ks=(1, 3),
-    alphas=(0.8,),
+    core_ks=(1, 3, 2),
+    more_ks=(),
+    core_alpha=0.75,
+    core_gamma=2,
+    alphas=(0.9,),
     batches=(2,),
     fixed_gammas=(2,),
     tree_nodes=(2,),
     tree_budgets=(2,),
     beams=2,
     beam_gamma=2,
+    beam_alphas=(0.8,),
     identity_rows=8,
     identity_batch=4,
     identity_gamma=2,
+    smoke_copy_bytes=2**24,
+    compile_rate=0.2,
     budget=budget,
     boxes={
-      'identity_bfloat16': 0.15,
-      'xxl': 0.25,
-      'batching': 0.15,
-      'trees': 0.1,
-      'beam': 0.1,
-      'identity_float32': 0.1,
-      'small': 0.15,
+      'xxl_more': 0.1,
+      'f32_attention': 0.05,
+      'batching': 0.2,
+      'trees': 0.15,
+      'beam': 0.15,
+      'identity_float32': 0.15,
+      'small': 0.2,
     },
   )
 

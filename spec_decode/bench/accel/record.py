@@ -3,7 +3,9 @@
 `Recorder` keeps one JSON document (`accel.json`) and its Markdown tables
 (`accel.md`) in the output directory and rewrites both, atomically, each
 time a measurement lands: a run cut off by its time limit (or a crash)
-keeps everything it measured, and says what it skipped and why.
+keeps everything it measured, and says what it skipped and why. The item
+in progress is written before it starts (`running`) and `finished` only at
+the end, so a run killed mid-item says where it stopped.
 """
 
 import json
@@ -37,7 +39,9 @@ class Recorder:
 
   Attributes:
     data: `{'meta', 'sections': {name: ...}, 'timeline': [...],
-      'skipped': [...], 'errors': [...]}`.
+      'skipped': [...], 'errors': [...], 'running': item or None,
+      'finished': bool}`; a timeline entry is `{section, item, seconds,
+      predicted, at}` (seconds from the start, compilation included).
   """
 
   def __init__(self, out_dir: str, meta: dict[str, Any], render=None):
@@ -50,6 +54,8 @@ class Recorder:
       'timeline': [],
       'skipped': [],
       'errors': [],
+      'running': None,
+      'finished': False,
     }
     os.makedirs(out_dir, exist_ok=True)
     self.write()
@@ -67,13 +73,36 @@ class Recorder:
     self.data['sections'].setdefault(section, []).append(row)
     self.write()
 
-  def event(self, section: str, item: str, seconds: float) -> None:
+  def begin(self, section: str, item: str, predicted: float | None) -> None:
+    """Marks `item` as running (a run killed now stops here)."""
+    self.data['running'] = {
+      'section': section,
+      'item': item,
+      'predicted': None if predicted is None else round(predicted, 3),
+      'at': round(time.monotonic() - self.start, 3),
+    }
+    self.write()
+
+  def event(
+    self,
+    section: str,
+    item: str,
+    seconds: float,
+    predicted: float | None = None,
+  ) -> None:
     self.data['timeline'].append({
       'section': section,
       'item': item,
       'seconds': round(seconds, 3),
+      'predicted': None if predicted is None else round(predicted, 3),
       'at': round(time.monotonic() - self.start, 3),
     })  # fmt: skip
+    self.data['running'] = None
+    self.write()
+
+  def finish(self) -> None:
+    self.data['running'] = None
+    self.data['finished'] = True
     self.write()
 
   def skip(self, section: str, item: str, why: str) -> None:

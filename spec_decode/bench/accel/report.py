@@ -11,6 +11,10 @@ def _f(x: Any, digits: int = 2) -> str:
   return str(x)
 
 
+def _gb(x: Any) -> str:
+  return '-' if x is None else f'{x / 1e9:.0f}'
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
   out = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   out += ['| ' + ' | '.join(_f(c) for c in r) + ' |' for r in rows]
@@ -32,21 +36,26 @@ def _sizes(sizes: dict[str, Any]) -> list[str]:
   rows = []
   for name, s in sizes.items():
     v = s.get('v', {})
+    one = s.get('step', {}).get('1', {})
     rows.append([
-      name, s.get('target_step_ms'), s.get('c'), v.get('2'), v.get('4'),
+      name, s.get('target_step_ms'), one.get('bound_ms'),
+      one.get('bound_share'), s.get('c'), v.get('2'), v.get('4'),
       v.get('8'), v.get('16'),
     ])  # fmt: skip
   lines += _table(
-    ['target', 'step ms', 'c', 'v(2)', 'v(4)', 'v(8)', 'v(16)'], rows
-  )
+    ['target', 'step ms', 'bound ms', 'bound/step', 'c', 'v(2)', 'v(4)',
+     'v(8)', 'v(16)'], rows,
+  )  # fmt: skip
   for name, s in sizes.items():
     t2 = s.get('paper_table2')
     if t2:
       lines += [
         f"{name}: the paper's Table 2 setting (alpha {t2['alpha']}, gamma "
-        f"{t2['gamma']}) predicted from this device's c and v(8): "
-        f'{t2["predicted"]:.2f}x (TPU-v4, c {t2["paper_c"]}: expected '
-        f'{t2["paper_expected"]}x, measured {t2["paper_measured"]}x).',
+        f'{t2["gamma"]}): measured {t2["measured"]:.2f}x, Theorem 3.8 from '
+        f"this device's c and v({t2['gamma'] + 1}) at the measured alpha "
+        f'{t2["alpha_measured"]:.2f}: {t2["predicted"]:.2f}x (TPU-v4, c '
+        f'{t2["paper_c"]}: expected {t2["paper_expected"]}x, measured '
+        f'{t2["paper_measured"]}x).',
         '',
       ]
   rows = []
@@ -128,9 +137,27 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += _trees(s['trees'])
   if s.get('beam'):
     lines += _beam(s['beam'])
+  smoke = s.get('smoke')
+  if smoke:
+    measured = _gb(smoke.get('bandwidth_measured'))
+    nominal = _gb(smoke.get('bandwidth_nominal'))
+    lines[3:3] = [
+      f'Smoke: {smoke.get("versions")}; bandwidth {measured} GB/s measured '
+      f'(a copy), {nominal} GB/s nominal.',
+      '',
+    ]
   if doc['skipped']:
-    items = [f'{x["section"]} {x["item"]}' for x in doc['skipped']]
-    lines += ['Skipped (time box): ' + ', '.join(items) + '.', '']
+    lines += ['Skipped:', '']
+    lines += [
+      f'- {x["section"]}/{x["item"]}: {x["why"]}' for x in doc['skipped']
+    ]
+    lines += ['']
   for e in doc['errors']:
     lines += [f'Error in {e["section"]}: {e["error"]}', '']
+  if doc.get('running'):
+    r = doc['running']
+    lines += [f'Stopped while running {r["section"]}/{r["item"]} (started at '
+              f'{r["at"]} s, predicted {r["predicted"]} s).', '']  # fmt: skip
+  elif not doc.get('finished'):
+    lines += ['Not finished.', '']
   return '\n'.join(lines) + '\n'

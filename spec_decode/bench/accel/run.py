@@ -1,25 +1,37 @@
 """`spec-decode bench accel`: the accelerator bench, one command in a budget.
 
   spec-decode bench accel --out_dir DIR [--budget SECONDS] [--tiny]
-      [--only SECTION,...]
+      [--only NAME,...] [--skip NAME,...]
 
 On one GPU (or TPU): random-weight T5 v1.1 targets small to XXL (bfloat16
 weights and activations, float32 logits, the CPU kernel off) with the T5
-v1.1 small draft. Sections, in this order (`plan.FULL_BOXES` gives each its
-share of the budget; time a section leaves unused goes to the later ones):
+v1.1 small draft. Items, in this order (`items`); NAME is a section or one
+item, `section/item` as the JSON's timeline writes it:
 
+  smoke              versions, the JAX APIs we use, bandwidth, toy decodes
+                     (fails fast: the run stops, exit status 3)
+  setup              the draft
+  xxl                the core: init, the plain step v(1), v(8), v(2), v(4),
+                     v(16) (each next to its memory-bandwidth bound), c,
+                     the controlled speedup at alpha 0.75, gamma 7 (the
+                     paper's Table 2) next to Theorem 3.8
   identity_bfloat16  greedy speculative == plain, row by row (XXL/small)
-  xxl                step time, v(k), c, speedups vs Theorem 3.8
+  xxl_more           further v(k), alphas 0.5 and 0.9 at the best gamma
+  f32_attention      where bfloat16 rows part: float32 attention logits
   batching           plain vs gamma='auto' vs best fixed gamma by batch
-  trees              v_tree(n) against v(n + 1); trees vs chains
+  trees              v_tree(n) against v_chain(n + 1); trees vs chains
   beam               speculative vs plain beam search at 4 beams
-  identity_float32   the identity check in float32
-  small, base, large, xl   as xxl
+  identity_float32   the identity check in float32 (true float32 products)
+  small, base, large, xl   the core of each size
 
-Results go to DIR/accel.json and DIR/accel.md, rewritten after every
-measurement (`record.Recorder`): a run cut off keeps what it measured and
-says what it skipped. `--tiny` runs every section at toy sizes on the CPU
-(the rehearsal `make test` runs); the real sizes are refused on a CPU.
+Every item predicts its cost (compilation included) from the sizes and
+what earlier items measured, and is skipped, with the reason recorded,
+where it would not fit: the core against the whole budget, the rest in
+their shares of what the core left (`plan.FULL_BOXES`). Results go to
+DIR/accel.json and DIR/accel.md, rewritten after every measurement
+(`record.Recorder`): a run cut off keeps what it measured and says where it
+stopped (`running`). `--tiny` runs every item at toy sizes on the CPU (the
+rehearsal `make test` runs); the real sizes are refused on a CPU.
 """
 
 import argparse
@@ -33,16 +45,26 @@ import jax
 import jax.numpy as jnp
 
 import spec_decode as sd
+from spec_decode.bench.accel import cost
 from spec_decode.bench.accel import identity
 from spec_decode.bench.accel import pair
 from spec_decode.bench.accel import plan as plan_lib
 from spec_decode.bench.accel import report
 from spec_decode.bench.accel import sizes
+from spec_decode.bench.accel import smoke
 from spec_decode.bench.accel.record import Recorder
+from spec_decode.bench.accel.runner import Item
+from spec_decode.bench.accel.runner import Runner
+from spec_decode.bench.accel.runner import Skip
+from spec_decode.policy import timing
 
 SECTIONS = (
-  'identity_bfloat16',
+  'smoke',
+  'setup',
   'xxl',
+  'identity_bfloat16',
+  'xxl_more',
+  'f32_attention',
   'batching',
   'trees',
   'beam',
@@ -52,7 +74,6 @@ SECTIONS = (
   'large',
   'xl',
 )
-_PAIR = {'batching': pair.batching, 'trees': pair.trees, 'beam': pair.beam}
 
 
 def as_float32(model: sd.Model, free: bool = False) -> sd.Model:
@@ -85,21 +106,27 @@ def _parser() -> argparse.ArgumentParser:
     '--budget',
     type=float,
     default=None,
-    help='seconds for the whole run (default 420; --tiny: 600)',
+    help='seconds for the whole run (default 360; --tiny: 1200)',
   )
   p.add_argument('--tiny', action='store_true', help='toy sizes (CPU)')
   p.add_argument(
     '--only',
     default='',
-    help=f'comma-separated sections (default all: {",".join(SECTIONS)})',
+    help='comma-separated sections or section/item names to run (default '
+    f'all: {",".join(SECTIONS)}); smoke always runs unless skipped',
+  )
+  p.add_argument(
+    '--skip',
+    default='',
+    help='comma-separated sections or section/item names to leave out',
   )
   return p
 
 
-def _meta(args, plan) -> dict[str, Any]:
+def _meta(args, argv, plan) -> dict[str, Any]:
   devices = jax.devices()
   return {
-    'command': 'spec-decode bench accel ' + ' '.join(sys.argv[1:]),
+    'command': 'spec-decode bench accel ' + ' '.join(argv),
     'device': f'{devices[0].platform}: {devices[0].device_kind}',
     'num_devices': len(devices),
     'jax': jax.__version__,
@@ -107,16 +134,25 @@ def _meta(args, plan) -> dict[str, Any]:
     'host': platform.node(),
     'tiny': bool(args.tiny),
     'budget': plan.budget,
+    'only': args.only,
+    'skip': args.skip,
     'max_decode_len': plan.max_decode_len,
     'started': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
   }
 
 
+def _names(text: str) -> list[str]:
+  return [s for s in text.split(',') if s]
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = _parser()
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
-  only = [s for s in args.only.split(',') if s]
-  unknown = sorted(set(only) - set(SECTIONS))
+  only, skip = _names(args.only), _names(args.skip)
+  unknown = sorted(
+    {n for n in only + skip if n.split('/', 1)[0] not in SECTIONS}
+  )
   if unknown:
     parser.error(f'unknown sections {unknown}; known: {list(SECTIONS)}')
   if args.budget is not None and args.budget <= 0:
@@ -131,74 +167,171 @@ def main(argv: list[str] | None = None) -> int:
   except OSError as e:
     parser.error(f'--out_dir {args.out_dir!r}: {e}')
   if args.tiny:
-    plan = plan_lib.tiny(args.budget or 600.0)
+    plan = plan_lib.tiny(args.budget or 1200.0)
   else:
-    plan = plan_lib.full(args.budget or 420.0)
-  sections = [
-    s for s in SECTIONS if s in plan.boxes and (not only or s in only)
-  ]
-  rec = Recorder(args.out_dir, _meta(args, plan), render=report.markdown)
-  run(rec, plan, sections)
+    plan = plan_lib.full(args.budget or 360.0)
+  if only:
+    only.append('smoke')
+  rec = Recorder(args.out_dir, _meta(args, argv, plan), render=report.markdown)
+  runner = Runner(rec, plan.budget, plan.boxes)
+  runner.run(items(rec, plan), only, skip, fatal_sections=('smoke',))
+  rec.finish()
   print(report.markdown(rec.data), flush=True)
   print(f'results: {os.path.join(args.out_dir, "accel.json")}', flush=True)
+  if runner.fatal is not None:
+    print(f'accel: the smoke step failed, nothing else ran: {runner.fatal}',
+          flush=True)  # fmt: skip
+    return 3
   return 1 if rec.data['errors'] else 0
 
 
-def run(rec: Recorder, plan: plan_lib.Plan, sections: list[str]) -> None:
-  """The sections in order, each in its share of what budget is left."""
-  total = plan_lib.Deadline(plan.budget)
-  models: dict[str, Any] = {}
+class Models:
+  """The models, made on first use (each made by an item where it can be,
+  so its cost is predicted and recorded), one large target at a time."""
 
-  def box(name: str) -> plan_lib.Deadline:
-    shares = [plan.boxes[s] for s in sections[sections.index(name) :]]
-    return total.box(total.left() * plan.boxes[name] / sum(shares))
+  def __init__(self, rec: Recorder, plan: plan_lib.Plan, p: cost.Predictor):
+    self.rec, self.plan, self.p = rec, plan, p
+    self.targets: dict[str, sd.Model] = {}
+    self._draft: tuple[sd.Model, float] | None = None
+    self.init_seconds: dict[str, float] = {}
 
-  def xxl():
-    if 'xxl' not in models:
+  def draft(self) -> tuple[sd.Model, float]:
+    """The draft and its step seconds."""
+    if self._draft is None:
       t0 = time.perf_counter()
-      target = sd.Model.init(plan.targets['xxl'], seed=0)
-      models['xxl'] = sizes.suppress_eos(target)
-      jax.block_until_ready(models['xxl'].params)
-      rec.event('setup', 'xxl init', time.perf_counter() - t0)
-    return models['xxl']
+      net = sd.Model.init(self.plan.draft, seed=1)
+      jax.block_until_ready(net.params)
+      self.init_seconds['draft'] = time.perf_counter() - t0
+      seconds = timing.step_times(
+        net, (1,), self.plan.repeats, length=self.plan.step_length
+      )[1]
+      self.p.step[self.plan.draft] = seconds
+      self._draft = (net, seconds)
+      self.rec.put('draft', None, {
+        'config': self.plan.draft.to_dict(),
+        'step_ms': seconds * 1e3,
+        'init_seconds': self.init_seconds['draft'],
+      })  # fmt: skip
+    return self._draft
 
-  t0 = time.perf_counter()
-  draft = sd.Model.init(plan.draft, seed=1)
-  draft_seconds = sizes.draft_step_seconds(draft, plan)
-  rec.put('draft', None, {
-    'config': plan.draft.to_dict(),
-    'step_ms': draft_seconds * 1e3,
-  })  # fmt: skip
-  rec.event('setup', 'draft init and step', time.perf_counter() - t0)
-  for name in sections:
-    t0 = time.perf_counter()
-    b = box(name)
-    print(f'accel: {name} ({b.left():.0f} s)', flush=True)
-    try:
-      if name == 'identity_bfloat16':
-        got = identity.measure(rec, name, xxl(), draft, plan, b)
-        if got['share_identical'] < 1.0:
-          identity.restore(rec, xxl(), draft, plan, b)
-      elif name == 'identity_float32':
-        target = as_float32(xxl(), free=True)
-        models.pop('xxl')
-        # True float32 products: JAX's default on GPUs is TF32 (bfloat16
-        # passes on TPUs), which rounds inputs as bfloat16 does.
-        with jax.default_matmul_precision('float32'):
-          identity.measure(rec, name, target, as_float32(draft), plan, b)
-        del target
-      elif name in _PAIR:
-        _PAIR[name](rec, xxl(), draft, plan, b)
-      elif name == 'xxl':
-        sizes.measure(rec, name, xxl(), draft, draft_seconds, plan, b)
-      else:
-        models.pop('xxl', None)  # Only one large target at a time.
-        target = sizes.suppress_eos(sd.Model.init(plan.targets[name], seed=0))
-        sizes.measure(rec, name, target, draft, draft_seconds, plan, b)
-        del target
-    except Exception as e:  # noqa: BLE001  A section's failure is recorded.
-      rec.error(name, e)
-      print(f'accel: {name} failed: {e}', flush=True)
-    rec.event(name, 'section', time.perf_counter() - t0)
-    if name in ('identity_float32', 'small', 'base', 'large', 'xl'):
-      jax.clear_caches()  # Programs of a model that is gone.
+  def target(self, name: str) -> sd.Model:
+    if name not in self.targets:
+      for other in list(self.targets):  # Only one large target at a time.
+        del self.targets[other]
+      t0 = time.perf_counter()
+      model = sd.Model.init(self.plan.targets[name], seed=0)
+      self.targets[name] = sizes.suppress_eos(model)
+      jax.block_until_ready(self.targets[name].params)
+      self.init_seconds[name] = time.perf_counter() - t0
+    return self.targets[name]
+
+  def predict_init(self, name: str) -> float:
+    """A target's init from the draft's (tracing grows with the layers,
+    filling the weights with their bytes)."""
+    cfg, d = self.plan.targets[name], self.plan.draft
+    layers = cfg.num_encoder_layers + cfg.num_decoder_layers
+    base = (
+      self.init_seconds.get('draft', 10.0)
+      * layers
+      / (d.num_encoder_layers + d.num_decoder_layers)
+    )
+    nbytes = cost.step_bytes(cfg, 1, 0, 0) * 2  # ~ encoder + decoder
+    return self.p.margin * (base + 10 * nbytes / (self.p.bandwidth or 1e11))
+
+  def init_item(self, name: str) -> Item:
+    def run(box):
+      self.target(name)
+      self.rec.put('init_seconds', name, self.init_seconds[name])
+
+    return Item(name, 'init', lambda: self.predict_init(name), run)
+
+
+def _identity_items(rec, plan, p, models) -> list[Item]:
+  xxl_cfg = plan.targets['xxl']
+  state: dict[str, Any] = {}
+
+  def predict(gamma_units: int, dtype_factor: float = 1.0):
+    units = cost.decode_units(xxl_cfg) + cost.decode_units(
+      xxl_cfg, plan.draft, gamma_units
+    )
+    steps = 2 * plan.identity_rows * plan.max_decode_len / 8
+    return dtype_factor * p.predict(units, steps, xxl_cfg)
+
+  def bf16(box):
+    state['bf16'] = identity.measure(
+      rec, 'identity_bfloat16', models.target('xxl'), models.draft()[0],
+      plan, box,
+    )  # fmt: skip
+
+  def f32_attention_needed() -> float:
+    got = state.get('bf16')
+    if got is None:
+      raise Skip('needs identity_bfloat16, not measured')
+    if got['share_identical'] >= 1.0:
+      raise Skip('every bfloat16 row was identical')
+    return predict(plan.identity_gamma)
+
+  def f32_attention(box):
+    identity.restore(rec, models.target('xxl'), models.draft()[0], plan, box)
+
+  def f32(box):
+    target = as_float32(models.target('xxl'), free=True)
+    models.targets.pop('xxl')
+    # True float32 products: JAX's default on GPUs is TF32 (bfloat16
+    # passes on TPUs), which rounds inputs as bfloat16 does.
+    with jax.default_matmul_precision('float32'):
+      identity.measure(
+        rec, 'identity_float32', target, as_float32(models.draft()[0]),
+        plan, box,
+      )  # fmt: skip
+    del target
+    jax.clear_caches()  # Programs of a model that is gone.
+
+  g = plan.identity_gamma
+  return [
+    Item('identity_bfloat16', 'rows', lambda: predict(g), bf16),
+    Item('f32_attention', 'rows', f32_attention_needed, f32_attention),
+    Item('identity_float32', 'rows', lambda: predict(g, 3.0), f32),
+  ]
+
+
+def items(rec: Recorder, plan: plan_lib.Plan) -> list[Item]:
+  """Every item of the run, in order (the module doc)."""
+  p = cost.Predictor(rate=plan.compile_rate)
+  models = Models(rec, plan, p)
+  draft_cfg = plan.draft
+
+  def setup(box):
+    models.draft()
+
+  out = [
+    Item('smoke', 'checks', lambda: 0.0, lambda box: smoke.run(rec, plan, p)),
+    Item(
+      'setup',
+      'draft',
+      lambda: p.predict(2 * cost.score_units(draft_cfg) + 8, 64, draft_cfg),
+      setup,
+    ),
+  ]
+  benches = {
+    name: sizes.SizeBench(
+      rec, plan, p, name, lambda name=name: models.target(name), models.draft
+    )
+    for name in plan.targets
+  }
+  xxl = benches['xxl']
+  ident = _identity_items(rec, plan, p, models)
+  more = xxl.items(plan.more_ks, plan.alphas, core=False)
+  out += [models.init_item('xxl')] + xxl.items(plan.core_ks, (), core=True)
+  out += [ident[0]]
+  out += [Item('xxl_more', i.name, i.predict, i.run) for i in more]
+  out += [ident[1]]
+  get_xxl = lambda: models.target('xxl')  # noqa: E731
+  for make in (pair.batching, pair.trees, pair.beam):
+    out += make(rec, plan, p, get_xxl, models.draft)
+  out += [ident[2]]
+  for name in plan.targets:
+    if name != 'xxl':
+      out += [models.init_item(name)]
+      out += benches[name].items(plan.core_ks, (), core=True)
+  return out

@@ -1,14 +1,19 @@
 """One target size against the draft: step time, v(k), c, speedups.
 
 Batch 1, greedy. v(k) is the time of one target call on k tokens over a
-call on one (`policy.timing.step_times`, calls inside compiled loops), c the
-draft step over the target step. Under controlled acceptance
-(`bench.controlled.ControlledDraft`: the real draft runs for its cost, its
-proposal is the target's own next token with probability alpha) each alpha
-gets the gamma Theorem 3.8 (generalized: E[tokens] / (gamma c + v(gamma +
-1))) predicts best from the measured c and v, among the gammas whose
-v(gamma + 1) was measured; the measured speedup (walltime of plain over
-speculative `generate`, medians) stands next to that prediction.
+call on one (`policy.timing.step_times`, calls inside compiled loops, one
+primed state per model), each printed next to its memory-bandwidth bound
+(`cost.bound_seconds`); c is the draft step over the target step. Under
+controlled acceptance (`bench.controlled.ControlledDraft`: the real draft
+runs for its cost, its proposal is the target's own next token with
+probability alpha) the measured speedup (walltime of plain over
+speculative `generate`, medians) stands next to Theorem 3.8 generalized,
+E[tokens] / (gamma c + v(gamma + 1)), from the measured c and v: first at
+the paper's Table 2 setting (alpha 0.75, gamma 7), then at further alphas
+with the gamma that prediction says is best.
+
+`SizeBench` holds one size's results (`sections['sizes'][name]`) and makes
+its items; each item is one measurement, written the moment it exists.
 """
 
 import time
@@ -20,25 +25,24 @@ import numpy as np
 import spec_decode as sd
 from spec_decode import theory
 from spec_decode.bench import speed
-from spec_decode.bench.accel.plan import Deadline
+from spec_decode.bench.accel import cost
 from spec_decode.bench.accel.plan import Plan
 from spec_decode.bench.accel.record import Recorder
+from spec_decode.bench.accel.runner import Item
+from spec_decode.bench.accel.runner import Skip
 from spec_decode.policy import timing
 
 # The paper's Table 2 setting (T5-XXL/T5-small, WMT EnDe, greedy, TPU-v4):
 # gamma 7 at alpha 0.75, c 0.02, expected 3.2x, measured 3.4x.
-PAPER_ALPHA = 0.75
-PAPER_GAMMA = 7
-# A step is predicted to take this much longer than the last one measured
-# (the next k is wider; compilation varies).
-_MARGIN = 1.5
+PAPER = {'alpha': 0.75, 'gamma': 7, 'c': 0.02, 'expected': 3.2, 'measured': 3.4}
+ENCODER_LENGTH = 24
 
 
 def inputs(batch: int, vocab_size: int, seed: int = 0) -> np.ndarray:
   """`[batch, 24]` encoder tokens (ids 3..min(999, V - 1), no padding)."""
   rng = np.random.default_rng(seed)
   high = min(1000, vocab_size)
-  return rng.integers(3, high, (batch, 24)).astype(np.int32)
+  return rng.integers(3, high, (batch, ENCODER_LENGTH)).astype(np.int32)
 
 
 def timed(fn, repeats: int) -> tuple[float, Any, float]:
@@ -48,6 +52,14 @@ def timed(fn, repeats: int) -> tuple[float, Any, float]:
   jax.block_until_ready(getattr(out, 'tokens', out))
   first = time.perf_counter() - t0
   seconds = timing.median_time(lambda: fn().tokens, repeats)
+  return seconds, out, first
+
+
+def timed_compile(fn, repeats: int, predictor, units: int):
+  """`timed`, and the compile time (first call less a steady one) fed to
+  `predictor` as a program of `units`."""
+  seconds, out, first = timed(fn, repeats)
+  predictor.observe_compile(units, first - seconds)
   return seconds, out, first
 
 
@@ -64,10 +76,6 @@ def suppress_eos(model: sd.Model) -> sd.Model:
   return model.with_params(params)
 
 
-def draft_step_seconds(draft_net, plan: Plan) -> float:
-  return timing.step_times(draft_net, (1,), plan.repeats)[1]
-
-
 def best_gamma(
   alpha: float, c: float, v: dict[int, float]
 ) -> tuple[int, float]:
@@ -81,103 +89,230 @@ def best_gamma(
   return gamma, options[gamma]
 
 
-def measure(
-  rec: Recorder,
-  name: str,
-  target: sd.Model,
-  draft_net,
-  draft_seconds: float,
-  plan: Plan,
-  box: Deadline,
-) -> None:
-  """Fills `sections['sizes'][name]` item by item inside `box`.
+class SizeBench:
+  """One target size's items (see the module doc).
 
-  Args:
-    rec: where results go.
-    name: the size's name (`plan.SIZES`).
-    target: the target (EOS suppressed: `suppress_eos`).
-    draft_net: the draft network.
-    draft_seconds: one draft step (`draft_step_seconds`).
-    plan: the run's plan.
-    box: this size's time box.
+  Attributes:
+    out: `sections['sizes'][name]`: `config`, `target_step_ms`, `c`,
+      `v` {k: v(k)}, `step` {k: {ms, bound_ms, bound_share}},
+      `paper_table2`, `speedup` {alpha: row}, `plain_seconds`.
   """
-  config = target.config
-  out: dict[str, Any] = {'config': config.to_dict(), 'v': {}, 'speedup': {}}
 
-  def save():
-    rec.put('sizes', name, out)
-
-  times, last = {}, 0.0
-  for k in plan.ks:
-    if times and not box.fits(_MARGIN * last):
-      rec.skip('sizes', f'{name} v({k})', 'time box')
-      continue
-    t0 = time.perf_counter()
-    times[k] = timing.step_times(target, (k,), plan.repeats)[k]
-    last = time.perf_counter() - t0
-    rec.event('sizes', f'{name} v({k})', last)
-    if k == 1:
-      out['target_step_ms'] = times[1] * 1e3
-      out['c'] = draft_seconds / times[1]
-    out['v'][str(k)] = times[k] / times[1]
-    save()
-  if 1 not in times or len(times) < 2:
-    return
-  c = out['c']
-  v = {k: t / times[1] for k, t in times.items()}
-  if PAPER_GAMMA + 1 in v:
-    out['paper_table2'] = {
-      'alpha': PAPER_ALPHA,
-      'gamma': PAPER_GAMMA,
-      'predicted': float(
-        theory.walltime_improvement(
-          PAPER_ALPHA, PAPER_GAMMA, c, v[PAPER_GAMMA + 1]
-        )
-      ),
-      'paper_expected': 3.2,
-      'paper_measured': 3.4,
-      'paper_c': 0.02,
+  def __init__(
+    self, rec: Recorder, plan: Plan, predictor, name: str, get_target, draft
+  ):
+    """`get_target()` returns the (EOS-suppressed) target, `draft()` the
+    draft network and its step seconds (both made on first use)."""
+    self.rec, self.plan, self.predictor, self.name = rec, plan, predictor, name
+    self.config = plan.targets[name]
+    self.get_target, self.draft = get_target, draft
+    self.times: dict[int, float] = {}
+    self.plain: tuple[float, Any] | None = None
+    self.out: dict[str, Any] = {
+      'config': self.config.to_dict(),
+      'v': {},
+      'step': {},
+      'speedup': {},
     }
-    save()
-  enc = inputs(1, config.vocab_size)
-  m = plan.max_decode_len
-  t0 = time.perf_counter()
-  plain_s, plain, first = timed(
-    lambda: sd.generate(target, enc, max_decode_len=m), plan.repeats
-  )
-  out['plain_seconds'] = plain_s
-  out['plain_compile_seconds'] = first - plain_s
-  reference = sd.generate(target, enc, max_decode_len=m + max(v) + 2).tokens
-  rec.event('sizes', f'{name} plain', time.perf_counter() - t0)
-  save()
-  last = time.perf_counter() - t0
-  for alpha in plan.alphas:
-    if not box.fits(_MARGIN * last):
-      rec.skip('sizes', f'{name} alpha {alpha}', 'time box')
-      continue
-    t0 = time.perf_counter()
-    gamma, predicted = best_gamma(alpha, c, v)
-    draft = speed.controlled_draft(draft_net, reference, alpha)
-    spec_s, spec, _ = timed(
-      lambda draft=draft, gamma=gamma: sd.generate(
-        target, enc, draft=draft, gamma=gamma, max_decode_len=m
+
+  def save(self) -> None:
+    self.rec.put('sizes', self.name, self.out)
+
+  # -- v(k) ------------------------------------------------------------------
+  def _bound(self, k: int) -> float | None:
+    if self.predictor.bandwidth is None:  # The smoke step was skipped.
+      self.predictor.bandwidth = cost.device_bandwidth(
+        self.plan.smoke_copy_bytes
+      )
+    return cost.bound_seconds(
+      self.config,
+      1,
+      self.plan.step_length,
+      16,
+      self.predictor.bandwidth,
+    )
+
+  def step_item(self, k: int) -> Item:
+    plan, p = self.plan, self.predictor
+    calls = 16
+
+    def predict():
+      # The primed state's program compiles with the first k.
+      units = cost.score_units(self.config) * (1 if self.times else 2)
+      guess = 1 + 0.1 * (k - 1)
+      return p.predict(units, (1 + plan.repeats) * calls * guess, self.config)
+
+    def run(box):
+      target = self.get_target()
+      t0 = time.perf_counter()
+      seconds = timing.step_times(
+        target, (k,), plan.repeats, length=plan.step_length, calls=calls
+      )[k]
+      p.observe_compile(
+        cost.score_units(self.config),
+        time.perf_counter() - t0 - (1 + plan.repeats) * calls * seconds,
+      )
+      self.times[k] = seconds
+      bound = self._bound(k)
+      self.out['step'][str(k)] = {
+        'ms': seconds * 1e3,
+        'bound_ms': None if bound is None else bound * 1e3,
+        'bound_share': None if bound is None else bound / seconds,
+      }
+      print(
+        f'accel: {self.name} v({k}) step {seconds * 1e3:.3f} ms'
+        + ('' if bound is None else f', bandwidth bound {bound * 1e3:.3f} ms'),
+        flush=True,
+      )
+      if k == 1:
+        self.out['target_step_ms'] = seconds * 1e3
+        p.step[self.config] = seconds
+      if 1 in self.times:
+        for j, t in self.times.items():
+          self.out['v'][str(j)] = t / self.times[1]
+      self.save()
+
+    return Item(self.name, f'v({k})', predict, run)
+
+  def c_item(self) -> Item:
+    def predict():
+      draft_net, _ = self.draft()
+      return self.predictor.predict(0, 1, draft_net.config)
+
+    def run(box):
+      if 1 not in self.times:
+        raise Skip('needs v(1), not measured')
+      _, draft_seconds = self.draft()
+      self.out['draft_step_ms'] = draft_seconds * 1e3
+      self.out['c'] = draft_seconds / self.times[1]
+      self.save()
+
+    return Item(self.name, 'c', predict, run)
+
+  # -- speedups ----------------------------------------------------------------
+  def _v(self) -> dict[int, float]:
+    if 1 not in self.times or 'c' not in self.out:
+      raise Skip('needs v(1) and c, not measured')
+    return {k: t / self.times[1] for k, t in self.times.items()}
+
+  def _decode_cost(self, gamma: int, plain: bool) -> float:
+    plan, p = self.plan, self.predictor
+    draft_cfg = plan.draft
+    m = plan.max_decode_len
+    units = cost.decode_units(self.config, draft_cfg, gamma)
+    steps = (1 + plan.repeats) * m * (1 + gamma * 0.1)
+    if plain:
+      units += cost.decode_units(self.config)
+      steps += (1 + plan.repeats) * m
+    return p.predict(units, steps, self.config)
+
+  def _plain(self):
+    if self.plain is None:
+      target, plan = self.get_target(), self.plan
+      enc = inputs(1, self.config.vocab_size)
+      m = plan.max_decode_len
+      seconds, out, first = timed_compile(
+        lambda: sd.generate(target, enc, max_decode_len=m),
+        plan.repeats,
+        self.predictor,
+        cost.decode_units(self.config),
+      )
+      self.plain = (seconds, out)
+      self.out['plain_seconds'] = seconds
+      self.out['plain_compile_seconds'] = first - seconds
+      self.save()
+    return self.plain
+
+  def _speedup(self, alpha: float, gamma: int) -> dict[str, Any]:
+    target, plan = self.get_target(), self.plan
+    v, c = self._v(), self.out['c']
+    if gamma + 1 not in v:
+      raise Skip(f'needs v({gamma + 1}), not measured')
+    plain_s, plain = self._plain()
+    draft_net, _ = self.draft()
+    enc = inputs(1, self.config.vocab_size)
+    # The plain output is the reference: positions past it are past
+    # max_decode_len, where proposals are never used.
+    draft = speed.controlled_draft(draft_net, plain.tokens, alpha)
+    spec_s, spec, _ = timed_compile(
+      lambda: sd.generate(
+        target,
+        enc,
+        draft=draft,
+        gamma=gamma,
+        max_decode_len=plan.max_decode_len,
       ),
       plan.repeats,
+      self.predictor,
+      cost.decode_units(self.config, plan.draft, gamma),
     )
     a_hat = spec.stats.alpha
-    out['speedup'][str(alpha)] = {
+    return {
       'gamma': gamma,
       'alpha_measured': a_hat,
+      'plain_seconds': plain_s,
       'spec_seconds': spec_s,
       'measured': plain_s / spec_s,
       'predicted': float(
         theory.walltime_improvement(a_hat, gamma, c, v[gamma + 1])
       ),
-      'predicted_at_alpha': predicted,
       'predicted_v1': float(theory.walltime_improvement(a_hat, gamma, c)),
       'tokens_per_call': spec.stats.tokens_per_call,
       'same_as_plain': bool(np.array_equal(spec.tokens, plain.tokens)),
     }
-    last = time.perf_counter() - t0
-    rec.event('sizes', f'{name} alpha {alpha}', last)
-    save()
+
+  def table2_item(self) -> Item:
+    """The paper's Table 2 setting at the plan's core alpha and gamma."""
+    plan = self.plan
+
+    def run(box):
+      alpha, gamma = plan.core_alpha, plan.core_gamma
+      row = self._speedup(alpha, gamma)
+      v = self._v()
+      row['predicted_at_alpha'] = float(
+        theory.walltime_improvement(alpha, gamma, self.out['c'], v[gamma + 1])
+      )
+      row.update(
+        alpha=alpha,
+        paper_expected=PAPER['expected'],
+        paper_measured=PAPER['measured'],
+        paper_c=PAPER['c'],
+        paper_setting=(alpha, gamma) == (PAPER['alpha'], PAPER['gamma']),
+      )
+      self.out['paper_table2'] = row
+      self.out['speedup'][str(alpha)] = row
+      self.save()
+
+    return Item(
+      self.name,
+      f'alpha {plan.core_alpha} gamma {plan.core_gamma}',
+      lambda: self._decode_cost(plan.core_gamma, self.plain is None),
+      run,
+    )
+
+  def alpha_item(self, alpha: float) -> Item:
+    """Controlled acceptance `alpha` at the gamma Theorem 3.8 says is best
+    from the measured c and v."""
+
+    def gamma():
+      return best_gamma(alpha, self.out['c'], self._v())
+
+    def run(box):
+      g, predicted = gamma()
+      row = self._speedup(alpha, g)
+      row['predicted_at_alpha'] = predicted
+      self.out['speedup'][str(alpha)] = row
+      self.save()
+
+    def predict():
+      self._v()
+      return self._decode_cost(gamma()[0], self.plain is None)
+
+    return Item(self.name, f'alpha {alpha}', predict, run)
+
+  def items(self, ks, alphas, core: bool) -> list[Item]:
+    """v(k) for `ks`, then (core) c and the Table 2 setting, then `alphas`."""
+    out = [self.step_item(k) for k in ks]
+    if core:
+      out += [self.c_item(), self.table2_item()]
+    return out + [self.alpha_item(a) for a in alphas]
