@@ -35,7 +35,7 @@ if [[ -z "${OUT:-}" ]]; then
   exit 2
 fi
 PY=${PY:-python3}
-PLATFORM=${PLATFORM:-cuda}
+PLATFORM=${PLATFORM:-cuda,cpu}
 FLAGS=${FLAGS:-}
 mkdir -p "$OUT"
 t_start=$(date +%s)
@@ -43,7 +43,7 @@ say() { echo "launch_gpu [$(( $(date +%s) - t_start )) s] $*"; }
 
 # What the device image lacks travels as wheels; name a missing carry
 # before anything imports.
-if ! "$PY" -c 'import gin' 2>/dev/null; then
+if ! "$PY" -c 'from gin import config_parser' 2>/dev/null; then
   if ! ls .whl/*.whl >/dev/null 2>&1; then
     echo "launch_gpu.sh: gin-config is not installed and .whl/ holds no" \
       "wheels: run 'make accel-wheels' here and carry [\".whl\"]" >&2

@@ -52,7 +52,7 @@ def test_the_accel_job_end_to_end(tmp_path):
   ]
   s = doc['sections']
   assert s['smoke']['decodes'] == {
-    'chain': 'identical', 'tree': 'identical', 'beam': 'identical'
+    'chain': 'identical', 'tree': 'identical'
   }  # fmt: skip
   assert all(c['ok'] for c in s['smoke']['api'])
   for dtype in ('bfloat16', 'float32'):

@@ -34,7 +34,7 @@ def median_time(fn, repeats: int) -> float:
 
 
 @functools.partial(jax.jit, static_argnames=('batch', 'prefix', 'length'))
-def _primed_state(model, batch: int, prefix: int, length: int):
+def primed_state(model, batch: int, prefix: int, length: int):
   """A decoding state of `length` positions with `prefix` tokens scored
   (compiled: eager op-by-op dispatch of a large model costs more than its
   compile)."""
@@ -49,7 +49,7 @@ def _index(state):
 @functools.partial(
   jax.jit, static_argnames=('num_tokens', 'calls', 'attention')
 )
-def _repeated_score(model, state, num_tokens: int, calls: int, attention=None):
+def repeated_score(model, state, num_tokens: int, calls: int, attention=None):
   """`calls` score calls of `num_tokens` tokens inside one compiled loop.
 
   Each call rolls back to the same index and writes the cache the next call
@@ -119,7 +119,7 @@ def iteration_time(
   here each model's weights have been evicted by the other's.
   """
   states = tuple(
-    _primed_state(m, batch, prefix, prefix + gamma + 3) for m in (target, draft)
+    primed_state(m, batch, prefix, prefix + gamma + 3) for m in (target, draft)
   )
   return (
     median_time(
@@ -146,9 +146,9 @@ def step_times(
   once.
   """
   length = length or prefix + max(ks) + 2
-  state = _primed_state(model, batch, prefix, length)
+  state = primed_state(model, batch, prefix, length)
   return {
-    k: median_time(lambda k=k: _repeated_score(model, state, k, calls), repeats)
+    k: median_time(lambda k=k: repeated_score(model, state, k, calls), repeats)
     / calls
     for k in ks
   }
@@ -169,10 +169,10 @@ def tree_step_time(
   of its shape): the same loop, calls and rollback, so v_tree(n) and
   v_chain(n) differ only in the call."""
   length = length or prefix + num_nodes + 2
-  state = _primed_state(model, batch, prefix, length)
+  state = primed_state(model, batch, prefix, length)
   return (
     median_time(
-      lambda: _repeated_score(model, state, num_nodes, calls, attention),
+      lambda: repeated_score(model, state, num_nodes, calls, attention),
       repeats,
     )
     / calls

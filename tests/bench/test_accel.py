@@ -37,12 +37,12 @@ def _order(plan, tmp):
 def test_a_short_budget_measures_the_core_first_and_records_the_rest(
   tmp_path,
 ):
-  # 45 s without the smoke step: the draft, the XXL init and v(1) take a
+  # 30 s without the smoke step: the draft, the XXL init and v(1) take a
   # few seconds on a 2-core CPU; the full tiny plan takes about two
-  # minutes, so most items cannot fit.
+  # minutes, so many items cannot fit.
   out = str(tmp_path / 'accel')
   code = run.main(
-    ['--tiny', '--budget', '45', '--skip', 'smoke', '--out_dir', out]
+    ['--tiny', '--budget', '30', '--skip', 'smoke', '--out_dir', out]
   )
   assert code == 0
   doc = _doc(out)
@@ -55,7 +55,7 @@ def test_a_short_budget_measures_the_core_first_and_records_the_rest(
     if e['predicted'] is not None
   ]
   skipped = {f'{x["section"]}/{x["item"]}': x['why'] for x in doc['skipped']}
-  order = _order(plan_lib.tiny(45), tmp_path / 'order')
+  order = _order(plan_lib.tiny(30), tmp_path / 'order')
   # Every item is accounted for, once, and the ones that ran ran in order.
   assert sorted(ran + list(skipped)) == sorted(order)
   assert ran == [k for k in order if k in ran]
@@ -69,8 +69,8 @@ def test_a_short_budget_measures_the_core_first_and_records_the_rest(
   assert all(order.index(k) < first_rest for k in ran if k.startswith('xxl/'))
   xxl = doc['sections']['sizes']['xxl']
   assert xxl['target_step_ms'] > 0 and xxl['step']['1']['bound_ms'] > 0
-  # Most of the plan did not fit, and says why.
-  assert len(skipped) >= 10
+  # Much of the plan did not fit, and says why.
+  assert len(skipped) >= 6
   assert any('predicted' in why and 'left in its box' in why
              for why in skipped.values())  # fmt: skip
   parts = {e['section'] for e in doc['timeline'] if e['predicted'] is None}
@@ -112,6 +112,14 @@ def test_items_that_would_not_fit_are_skipped_with_their_prediction(
   why = {x['item']: x['why'] for x in rec.data['skipped']}
   assert why['b'].startswith('predicted 1000000 s > ')
   assert why['d'].startswith('not selected')
+  # An item that finds out on running that it cannot is a skip, once.
+  def cannot(box):
+    raise runner.Skip('needs v(1), not measured')
+
+  r.run([runner.Item('xxl', 'late', lambda: 0.0, cannot)])
+  assert [x['item'] for x in rec.data['skipped']].count('late') == 1
+  assert 'late' not in [e['item'] for e in rec.data['timeline']]
+  assert rec.data['running'] is None
   # The negative control: with room, the same item runs.
   r2 = runner.Runner(rec, 60, {})
   r2.run([runner.Item('xxl', 'b', lambda: 1.0, lambda b: calls.append('b'))])

@@ -13,6 +13,7 @@ the accel tests on a lent GPU.
   smoke.py      the first seconds: versions, APIs, bandwidth, toy decodes
   api_check.py  every JAX API the decode, bench and tests use, called once
   shapes.py     the real sizes' programs traced abstractly (the rehearsal)
+  weights.py    random weights by one small program per shape (fast compile)
   sizes.py      one target size: step time, v(k), c, speedups vs Theorem 3.8
   identity.py   greedy identity of speculative and plain output in a dtype
   pair.py       XXL/small: batching, trees vs chains, beam search

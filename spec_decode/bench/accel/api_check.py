@@ -523,7 +523,9 @@ def _run_one(api: str, fn: Callable[[], None]) -> dict[str, Any]:
     try:
       fn()
     except Exception as e:  # noqa: BLE001  Reported, never raised.
-      error = f'{type(e).__name__}: {e}'[:500]
+      error = f'{type(e).__name__}: {e}'
+  if error and len(error) > 600:  # A callback's traceback ends in its cause.
+    error = f'{error[:200]} ... {error[-395:]}'
   moving = [w for w in caught if issubclass(w.category, _MOVING)]
   return {
     'api': api,
@@ -541,9 +543,9 @@ def check(checks: Sequence[Check] | None = None) -> list[dict[str, Any]]:
     checks: `(api name, function)` pairs; a function fails by raising.
 
   Returns:
-    One dict per check: `api` (its name), `ok`, `error` (`'Type: message'`
-    or None), `seconds`, and `warnings`: the deprecation and future
-    warnings the call raised (what is about to move).
+    One dict per check: `api` (its name), `ok`, `error` (`'Type: message'`,
+    its middle cut beyond 600 characters, or None), `seconds`, and
+    `warnings`: the deprecation and future warnings the call raised.
   """
   return [_run_one(*c) for c in (CHECKS if checks is None else checks)]
 

@@ -106,7 +106,9 @@ class Recorder:
     self.write()
 
   def skip(self, section: str, item: str, why: str) -> None:
+    """Records `item` as skipped (and as no longer running)."""
     self.data['skipped'].append({'section': section, 'item': item, 'why': why})
+    self.data['running'] = None
     self.write()
 
   def error(self, section: str, exc: BaseException) -> None:

@@ -52,6 +52,7 @@ from spec_decode.bench.accel import plan as plan_lib
 from spec_decode.bench.accel import report
 from spec_decode.bench.accel import sizes
 from spec_decode.bench.accel import smoke
+from spec_decode.bench.accel import weights
 from spec_decode.bench.accel.record import Recorder
 from spec_decode.bench.accel.runner import Item
 from spec_decode.bench.accel.runner import Runner
@@ -130,6 +131,7 @@ def _meta(args, argv, plan) -> dict[str, Any]:
     'device': f'{devices[0].platform}: {devices[0].device_kind}',
     'num_devices': len(devices),
     'jax': jax.__version__,
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
     'python': platform.python_version(),
     'host': platform.node(),
     'tiny': bool(args.tiny),
@@ -199,7 +201,7 @@ class Models:
     """The draft and its step seconds."""
     if self._draft is None:
       t0 = time.perf_counter()
-      net = sd.Model.init(self.plan.draft, seed=1)
+      net = weights.random_model(self.plan.draft, seed=1)
       jax.block_until_ready(net.params)
       self.init_seconds['draft'] = time.perf_counter() - t0
       seconds = timing.step_times(
@@ -219,7 +221,7 @@ class Models:
       for other in list(self.targets):  # Only one large target at a time.
         del self.targets[other]
       t0 = time.perf_counter()
-      model = sd.Model.init(self.plan.targets[name], seed=0)
+      model = weights.random_model(self.plan.targets[name], seed=0)
       self.targets[name] = sizes.suppress_eos(model)
       jax.block_until_ready(self.targets[name].params)
       self.init_seconds[name] = time.perf_counter() - t0

@@ -44,9 +44,9 @@ def build(
 
   def steps(t):
     target = sd.Model(target_config, t)
-    state = timing._primed_state(target, 1, 16, 16 + gamma + 4)  # noqa: SLF001
-    chain = timing._repeated_score(target, state, gamma + 1, 2)  # noqa: SLF001
-    tree = timing._repeated_score(  # noqa: SLF001
+    state = timing.primed_state(target, 1, 16, 16 + gamma + 4)
+    chain = timing.repeated_score(target, state, gamma + 1, 2)
+    tree = timing.repeated_score(
       target, state, shape.num_nodes + 1, 2, shape.target_attention()
     )
     return chain, tree

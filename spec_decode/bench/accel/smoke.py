@@ -5,10 +5,10 @@ gives one try; this step fails fast if an API moved. It records the
 versions, runs every JAX API the decode, bench and tests depend on
 (`api_check`), measures the memory bandwidth with one large copy (what the
 step-time bounds use where the device kind's data sheet is unknown), and
-decodes a toy model plainly, speculatively (chain and tree), and by plain
-and speculative beam search, in float32 with true float32 products, where
-every speculative output must equal the plain one. Any failure stops the
-run (`run.py` exits 3) with the failing call named.
+decodes a toy model plainly and speculatively (chain and tree) in float32
+with true float32 products, where every speculative output must equal the
+plain one. Any failure stops the run (`run.py` exits 3) with the failing
+call named.
 """
 
 import time
@@ -20,6 +20,8 @@ import numpy as np
 import spec_decode as sd
 from spec_decode.bench.accel import api_check
 from spec_decode.bench.accel import cost
+from spec_decode.bench.accel import plan as plan_lib
+from spec_decode.bench.accel import weights
 from spec_decode.core import tree_shape
 
 
@@ -28,10 +30,12 @@ def _toy_config(config):
 
 
 def decodes(config) -> dict[str, Any]:
-  """A toy float32 pair decoded every way; raises if any output differs
-  from plain decoding's (true float32 products)."""
-  target = sd.Model.init(_toy_config(config), seed=0)
-  draft = sd.Model.init(_toy_config(config), seed=1)
+  """A toy float32 pair decoded by chain and by tree; raises if either
+  output differs from plain decoding's (true float32 products). Beam search
+  is left to its section and the tests: its programs are the smoke step's
+  largest compile."""
+  target = weights.random_model(_toy_config(config), seed=0)
+  draft = weights.random_model(_toy_config(config), seed=1)
   enc = np.arange(3, 3 + 2 * 12, dtype=np.int32).reshape(2, 12)
   m = 6
   got: dict[str, Any] = {}
@@ -54,13 +58,6 @@ def decodes(config) -> dict[str, Any]:
       if not np.array_equal(np.asarray(out), np.asarray(plain)):
         raise AssertionError(f'smoke: greedy {name} output differs from plain')
       got[name] = 'identical'
-    beam = sd.beam_search(target, enc, num_beams=2, max_decode_len=m).tokens
-    spec = sd.beam_search(
-      target, enc, num_beams=2, max_decode_len=m, draft=draft, gamma=2
-    ).tokens
-    if not np.array_equal(np.asarray(beam), np.asarray(spec)):
-      raise AssertionError('smoke: speculative beam search differs from plain')
-    got['beam'] = 'identical'
   return got
 
 
@@ -83,7 +80,9 @@ def run(rec, plan, predictor) -> None:
   predictor.bandwidth = out['bandwidth_nominal'] or out['bandwidth_measured']
   out['bandwidth_used'] = predictor.bandwidth
   rec.put('smoke', None, out)
-  out['decodes'] = decodes(plan.draft)
+  # A toy pair (one layer each): the real draft's programs take minutes to
+  # compile on a GPU, and compiling them is the next items' work.
+  out['decodes'] = decodes(plan_lib.toy(1, 32))
   out['seconds'] = time.perf_counter() - t0
   rec.put('smoke', None, out)
   print(
