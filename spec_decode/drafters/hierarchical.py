@@ -344,6 +344,7 @@ class Hierarchical:
       counters=carry.counters,
     )
     if self.stats_callback is not None:
+      _check_host_backend()
       delta = jax.tree.map(jnp.subtract, carry.counters, state.counters)
       jax.debug.callback(self.stats_callback, delta)
     return drafter.full_proposal(tokens, q), new_state
@@ -420,3 +421,16 @@ class Hierarchical:
       counters=counters,
       step=c.step + 1,
     )
+
+
+def _check_host_backend() -> None:
+  """`jax.debug.callback` places its inputs on a CPU device: with
+  `JAX_PLATFORMS=cuda` (or tpu) alone there is none, and the decode would
+  fail only when the callback first runs (seen on an H100)."""
+  try:
+    jax.devices('cpu')
+  except RuntimeError as e:
+    raise ValueError(
+      'HierarchicalDrafter(stats_callback=...) needs a CPU backend for '
+      "jax.debug.callback: list it, e.g. JAX_PLATFORMS='cuda,cpu'"
+    ) from e

@@ -307,3 +307,27 @@ def test_negative_control_sub_draft_q_reported_is_detected(sampled_models):
   wrong = _SubDraftQ(inner=Hierarchical(draft, sub, gamma=2))
   samples, _ = sample_sequences(target, wrong, ENC, gamma=3, temperature=1.0)
   assert g_test(samples, seqs, p) < FALSE_ALARM
+
+
+def test_stats_without_a_cpu_backend_fail_before_decoding(
+  greedy_models, monkeypatch
+):
+  """`jax.debug.callback` needs a CPU device; `JAX_PLATFORMS=cuda` alone
+  has none (seen on an H100), which must be said at trace time."""
+  target, draft, sub = greedy_models
+  enc = encoder_batch(2, 7, 16, seed=0)
+  real = jax.devices
+
+  def no_cpu(backend=None):
+    if backend == 'cpu':
+      raise RuntimeError('Unknown backend cpu')
+    return real(backend)
+
+  monkeypatch.setattr(jax, 'devices', no_cpu)
+  h = Hierarchical(draft, sub, gamma=2, stats_callback=lambda c: None)
+  with pytest.raises(ValueError, match="JAX_PLATFORMS='cuda,cpu'"):
+    sd.generate(target, enc, draft=h, gamma=3, max_decode_len=8)
+  # Without statistics no callback is traced, and decoding runs.
+  plain = Hierarchical(draft, sub, gamma=2)
+  out = sd.generate(target, enc, draft=plain, gamma=3, max_decode_len=8)
+  assert out.tokens.shape == (2, 8)
