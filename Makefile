@@ -123,7 +123,7 @@ accel-tiny: install
 #     ACCEL_FLAGS=--tiny
 ACCEL_BUDGET ?= 360
 ACCEL_FLAGS ?=
-ACCEL_PLATFORM ?= cuda
+ACCEL_PLATFORM ?= cuda,cpu
 ACCEL_WHEELS := gin-config==0.5.0
 accel-wheels:
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
@@ -146,9 +146,9 @@ accel-gpu:
 # reassembles the models into $(PAIR_TO)/{target,draft}_gpu/model. Rehearsed
 # on the CPU with PAIR_PLATFORM=cpu PAIR_FLAGS=--tiny (tests/train/
 # test_pair_job.py runs the same job).
-PAIR_BUDGET ?= 510
+PAIR_BUDGET ?= 540
 PAIR_FLAGS ?=
-PAIR_PLATFORM ?= cuda
+PAIR_PLATFORM ?= cuda,cpu
 PAIR_TO ?= runs/demo
 train-gpu-pack: accel-wheels
 	$(PY) -m spec_decode.main data pack --data_dir $(DATA_DIR) --out .gpu/demo_train.tar.xz

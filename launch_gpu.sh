@@ -13,7 +13,8 @@
 #   PY        the Python (default python3)
 #   PLATFORM  JAX_PLATFORMS (default cuda; cpu for the rehearsal)
 #   FLAGS     extra flags of the job (--tiny for the rehearsal)
-#   BUDGET    seconds of the bench or of training (default 360 / 510)
+#   BUDGET    seconds of the bench or of training (default 360 / 540; the
+#             job ends within it, the kill at +45 s only catches a hang)
 #   TESTS     the accel test files (default: every file with accel tests)
 #   TEST_S    seconds for the accel tests (default 120)
 #   PACK      the training data pack (default .gpu/demo_train.tar.xz)
@@ -63,7 +64,7 @@ export PYTHONUNBUFFERED=1 JAX_PLATFORMS=$PLATFORM SPEC_DECODE_KERNEL=0
 say "$job on $PLATFORM: $("$PY" -c 'import sys, jax; print(sys.version.split()[0], "jax", jax.__version__)')"
 
 if [[ "$job" == train ]]; then
-  BUDGET=${BUDGET:-510}
+  BUDGET=${BUDGET:-540}
   timeout $(( BUDGET + 45 )) "$PY" -m spec_decode.main train pair \
     --pack "$PACK" --out_dir "$OUT" --budget_s "$BUDGET" $FLAGS
   rc=$?
