@@ -24,6 +24,7 @@ from conftest import sharpened
 from conftest import tiny_config
 
 import spec_decode as sd
+from spec_decode.beam import scores as beam_scores
 from spec_decode.core.tree_shape import MAX_NODES
 
 EOS = sd.EOS_ID
@@ -101,7 +102,9 @@ def assert_same_beams(plain, spec, exact: bool) -> float:
   if exact:
     np.testing.assert_array_equal(spec.scores, plain.scores)
   else:
-    np.testing.assert_allclose(spec.scores, plain.scores, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      spec.scores, plain.scores, rtol=beam_scores.RTOL, atol=beam_scores.ATOL
+    )
   return float(np.abs(spec.scores - plain.scores).max())
 
 
