@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from spec_decode.chain import plain
 from spec_decode.chain import state as state_lib
 from spec_decode.core import buffer
+from spec_decode.core import counters as counters_lib
 from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import provenance
@@ -152,11 +153,13 @@ class Iteration:
     c = state.counters
     # Position i (0-based) was tested when it was proposed, its prefix was
     # accepted and it lies inside what the row kept (nothing after EOS or
-    # past M counts).
+    # past M counts: `core.counters`' convention, which the histogram and
+    # the provenance follow too).
     tested = (offsets[:, :g] <= a[:, None]) & (offsets[:, :g] < kept[:, None])
     tested &= active[:, None] & (offsets[:, :g] < num[:, None])
     accepted = tested & (offsets[:, :g] < a[:, None])
     act = active.astype(jnp.int32)
+    out_a = counters_lib.output_accepted(a, kept)
 
     def pad(x):  # [B, g] -> [B, G]
       return jnp.pad(x, ((0, 0), (0, gmax - g)))
@@ -164,7 +167,7 @@ class Iteration:
     counters = c.replace(
       iterations=c.iterations + act,
       accepted_histogram=c.accepted_histogram
-      + jax.nn.one_hot(a, gmax + 1, dtype=jnp.int32) * act[:, None],
+      + jax.nn.one_hot(out_a, gmax + 1, dtype=jnp.int32) * act[:, None],
       position_tries=c.position_tries + pad(tested),
       position_accepts=c.position_accepts + pad(accepted),
       beta_sum=c.beta_sum

@@ -4,6 +4,14 @@
 and the tree loop fill it alike, a tree's depth d playing a chain's position
 d); `SpecStats` is what `generate` returns, the counters summed on the host
 into the paper's quantities (alpha, tokens per call, per-position acceptance).
+
+Convention: a draft token counts as accepted only where the row output it. A
+row that ends inside an iteration's accepted block (the verifier accepted a
+draft EOS and more after it, or the row reached max_decode_len) outputs
+`kept` tokens of that block; the draft tokens accepted beyond them are never
+output, so neither the histogram nor the per-position counts (alpha) count
+them, and `core.provenance` has no entry for them: the per-row ACCEPTED
+codes equal `row_accepted_histogram @ arange(G + 1)`.
 """
 
 import dataclasses
@@ -14,16 +22,35 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def output_accepted(accepted: jax.Array, kept: jax.Array) -> jax.Array:
+  """Draft tokens an iteration accepted and the row output, `[B]`.
+
+  Args:
+    accepted: `[B]` draft tokens the verifier accepted, a.
+    kept: `[B]` tokens of the block the row kept (`core.buffer.commit_block`:
+      at most a + 1, fewer after an EOS or at max_decode_len; 0 for a row
+      already done).
+
+  Returns:
+    min(a, kept): where the row ended inside the accepted block (kept <= a)
+    it output `kept` accepted tokens and no target token; the rest of the
+    block was accepted but never output, and counts nowhere.
+  """
+  return jnp.minimum(accepted, kept)
+
+
 @flax.struct.dataclass(kw_only=True)
 class SpecCounters:
   """Per-row statistics of a speculative decode (all `[B, ...]`).
 
   Attributes:
     iterations: `[B]` iterations (= target calls) while the row was active.
-    accepted_histogram: `[B, G + 1]` iterations that accepted 0..G tokens.
+    accepted_histogram: `[B, G + 1]` iterations that output 0..G accepted
+      draft tokens (`output_accepted`: none accepted beyond the row's end).
     position_tries: `[B, G]` iterations whose draft token i was tested (its
-      prefix accepted).
-    position_accepts: `[B, G]` iterations whose draft token i was accepted.
+      prefix accepted) inside what the row output.
+    position_accepts: `[B, G]` iterations whose draft token i was accepted
+      and output.
     beta_sum: `[B]` sum of beta over tested positions.
     proposed: `[B]` draft tokens proposed while the row was active (G per
       iteration unless the drafter proposes fewer).
@@ -65,11 +92,14 @@ class SpecStats:
     draft_calls: draft forward calls (gamma per iteration; with fewer
       proposals in some iterations, the most any row proposed).
     accepted_histogram: `[G + 1]` iterations (summed over rows) that
-      accepted 0..G draft tokens.
+      output 0..G accepted draft tokens (tokens accepted after a row's EOS
+      or past max_decode_len are not output and not counted: module
+      docstring).
     per_position_acceptance: `[G]` P(draft token i accepted | tokens before
-      it accepted), over iterations where it was tested.
+      it accepted), over iterations where it was tested inside the output.
     alpha: mean beta = sum_x min(p, q) over drafted positions whose prefix
-      was accepted (the paper's alpha estimate, section 3.1).
+      was accepted and that lie inside the row's output (the paper's alpha
+      estimate, section 3.1).
     tokens_per_call: output tokens per target call, pooled over rows (all
       rows' tokens over all rows' iterations).
     mean_proposed: draft tokens proposed per iteration, mean over rows and

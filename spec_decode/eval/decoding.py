@@ -384,8 +384,10 @@ def row_spec_record(
   accepted draft token i. `SpecStats` exposes per-row histograms and alpha
   but not per-row position counts; until it does (`row_position_tries`,
   `row_position_accepts`, `row_beta_sum`, used when present) they are
-  derived from the histogram, counting the last iteration's tokens dropped
-  after EOS or at max_decode_len as tested (at most one per example).
+  derived from the histogram. It counts only accepted tokens the row output
+  (`core.counters`), so a last iteration that ended inside its accepted
+  block (after EOS or at max_decode_len) counts one position too many as
+  tried there, and `tested` can miss one: at most one per example.
   """
   hist = np.asarray(stats.row_accepted_histogram[r], np.int64)
   iterations = int(stats.row_iterations[r])

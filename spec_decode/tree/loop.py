@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from spec_decode.core import buffer
+from spec_decode.core import counters as counters_lib
 from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import provenance as provenance_lib
@@ -47,7 +48,8 @@ class TreeCounters:
 
   Attributes:
     iterations: `[B]` iterations (= target calls) while the row was active.
-    accepted_histogram: `[B, D + 1]` iterations that accepted 0..D tokens.
+    accepted_histogram: `[B, D + 1]` iterations that output 0..D accepted
+      tokens (none accepted beyond the row's end, `core.counters`).
     position_tries: `[B, D]` iterations that tested a node at depth d + 1.
     position_accepts: `[B, D]` iterations that accepted one there.
     beta_sum: `[B]` sum over tested depths of the rank-0 child's beta.
@@ -118,7 +120,8 @@ def _count(c: TreeCounters, shape, result, valid, active, kept):
   a = result.accepted
   depth_of = jnp.asarray(shape.depths[1:])  # [N]
   # A node counts when it was tested inside what the row kept (nothing
-  # after an EOS or past M), as in the chain loop.
+  # after an EOS or past M), as in the chain loop; the histogram counts the
+  # accepted nodes the row output (`core.counters.output_accepted`).
   in_kept = (depth_of[None] - 1) < kept[:, None]
   tried = result.tried & in_kept & active[:, None]
   on_path = result.accepted_nodes(shape.num_nodes) & tried
@@ -129,7 +132,10 @@ def _count(c: TreeCounters, shape, result, valid, active, kept):
   return TreeCounters(
     iterations=c.iterations + act,
     accepted_histogram=c.accepted_histogram
-    + jax.nn.one_hot(a, d + 1, dtype=jnp.int32) * act[:, None],
+    + jax.nn.one_hot(
+      counters_lib.output_accepted(a, kept), d + 1, dtype=jnp.int32
+    )
+    * act[:, None],
     position_tries=c.position_tries + tested,
     position_accepts=c.position_accepts + accepted,
     beta_sum=c.beta_sum + jnp.sum(jnp.where(tested, result.beta, 0.0), 1),
