@@ -15,14 +15,12 @@ def feature_as_target(target) -> FeatureDraft:
   """A feature draft that computes the target's decoder: every target
   layer (copied), and a fusion that passes the token embedding through
   and ignores the feature."""
-  draft = FeatureDraft.init(
-    target, num_layers=target.config.num_decoder_layers
-  )
+  draft = FeatureDraft.init(target, num_layers=target.config.num_decoder_layers)
   d = target.config.emb_dim
   params = jax.tree.map(np.array, draft.params)
-  params['fc']['kernel'] = np.concatenate(
-    [np.eye(d), np.zeros((d, d))]
-  ).astype(np.float32)
+  params['fc']['kernel'] = np.concatenate([np.eye(d), np.zeros((d, d))]).astype(
+    np.float32
+  )
   return draft.with_params(params)
 
 

@@ -91,8 +91,9 @@ def test_heads_propose_from_the_committed_prefix_after_the_switch(
     for it in out.provenance.iterations(r)[1:]:  # After the calibration.
       pos, kind, rejected = it[0]  # Output token pos + 1 at length n = pos.
       assert kind in (provenance.ACCEPTED, provenance.REPLACED)
-      hits += kind == provenance.ACCEPTED
-      got.append(out.tokens[r, pos] if kind == provenance.ACCEPTED else rejected)
+      accepted = kind == provenance.ACCEPTED
+      hits += accepted
+      got.append(out.tokens[r, pos] if accepted else rejected)
       want.append(head1[r, pos - 1])  # Head 1 on the feature of input n - 1.
   assert len(got) >= 40
   np.testing.assert_array_equal(got, want)
