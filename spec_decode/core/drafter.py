@@ -32,8 +32,8 @@ at most `accepted_bound(context, depth)` draft tokens, `depth` being this
 call's (`settings.gamma` for `propose`, the tree's depth D for
 `propose_tree`), so at most that many + 1 inputs were committed since the
 drafter last proposed; the loop says more in `DraftContext.max_accepted`
-when it drafts less than before (a shallower tree after tree='auto''s
-calibration, a smaller gamma under gamma='auto'). A drafter that keeps
+when it drafts less than before (a shallower tree after the calibration
+of tree='auto', a smaller gamma under gamma='auto'). A drafter that keeps
 its own cache of committed inputs (`ModelDrafter`'s trees, early exit,
 feature draft) re-feeds or copies that many + 1 of the newest inputs, so
 whatever it left past them last time (tree nodes are scratch) is
