@@ -119,6 +119,9 @@ class Iteration:
         row_keys, positions[:, :g], verified_block.SAMPLE
       ),
       **drafter.context_reads(self.proposer, state.features, state.target),
+      # Under gamma='auto' the previous iteration may have drafted (and
+      # accepted) up to G tokens, more than this one drafts.
+      max_accepted=gmax if g < gmax else None,
     )
     proposal, ds = self.proposer.propose(
       state.draft, context, dataclasses.replace(settings, gamma=g)

@@ -26,6 +26,20 @@ call they make anyway, never from a second target call):
     (`DraftContext.target_state`), read-only: its encoder-side keys and
     values and its committed cache slots (drafts that share them).
 The loops keep the window with `feature_window` and `slide_features`.
+
+What a drafter may assume about the previous iteration: its rows accepted
+at most `accepted_bound(context, depth)` draft tokens, `depth` being this
+call's (`settings.gamma` for `propose`, the tree's depth D for
+`propose_tree`), so at most that many + 1 inputs were committed since the
+drafter last proposed; the loop says more in `DraftContext.max_accepted`
+when it drafts less than before (a shallower tree after the calibration
+of tree='auto', a smaller gamma under gamma='auto'). A drafter that keeps
+its own cache of committed inputs (`ModelDrafter`'s trees, early exit,
+feature draft) re-feeds or copies that many + 1 of the newest inputs, so
+whatever it left past them last time (tree nodes are scratch) is
+overwritten before it reads it. The bound is static: the loops pass the
+larger one only on the first iteration after such a switch (a second
+compiled iteration body), never in every iteration.
 """
 
 from typing import Any
@@ -68,6 +82,9 @@ class DraftContext:
       `uses_target_state`; read-only. Its encoder-side keys and values are
       the decode's; its cache slots for inputs 0..n-1 hold the committed
       inputs, later slots are stale (its index is not n).
+    max_accepted: static; None, or the most draft tokens a row can have
+      accepted in the previous iteration when that is more than this call
+      drafts deep (module docstring; read it through `accepted_bound`).
   """
 
   inputs: jax.Array
@@ -77,6 +94,7 @@ class DraftContext:
   target_features: jax.Array | None = None
   recent_features: jax.Array | None = None
   target_state: Any = None
+  max_accepted: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -169,6 +187,13 @@ class Drafter(Protocol):
     (`tree/verification.py`).
     """
     ...
+
+
+def accepted_bound(context: DraftContext, depth: int) -> int:
+  """The most draft tokens a row accepted in the previous iteration (a
+  static int): `depth`, this call's gamma or tree depth, unless the loop
+  said more (`context.max_accepted`, module docstring)."""
+  return max(int(depth), context.max_accepted or 0)
 
 
 def full_proposal(tokens: jax.Array, q: jax.Array | None) -> Proposal:

@@ -3,9 +3,12 @@
 The draft lags one input behind the target (it never saw the last draft
 token of a fully accepted block), so its first call feeds the two newest
 inputs at index n - 1; at n = 0 it feeds [start, pad] at 0 and uses the
-first position's logits. The remaining G - 1 steps are T=1 calls in an
-unrolled `lax.scan` (a rolled scan adds per-step loop overhead inside the
-while loop; measured in `make bench`).
+first position's logits. Its cache then holds inputs 0..n-2 whatever the
+previous iteration accepted (no more than that iteration drafted, whose
+steps wrote them), so a smaller gamma than before needs nothing more.
+The remaining G - 1 steps are T=1 calls in an unrolled `lax.scan` (a
+rolled scan adds per-step loop overhead inside the while loop; measured in
+`make bench`).
 
 Dynamic gamma (`settings.dynamic_gamma = tau > 0`): a row stops proposing at
 the first position i >= 1 whose draft confidence, the largest raw
@@ -32,6 +35,7 @@ from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.drafter import DraftContext
 from spec_decode.core.drafter import Proposal
 from spec_decode.core.drafter import TreeProposal
+from spec_decode.core.drafter import accepted_bound
 from spec_decode.core.drafter import full_proposal
 from spec_decode.core.drafter import is_drafter
 from spec_decode.core.protocol import DecodeState
@@ -90,19 +94,22 @@ class ModelDrafter:
   ) -> tuple[TreeProposal, DecodeState]:
     """Draws the tree level by level (`tree_draft.expand`).
 
-    One call feeds the D + 1 inputs ending at the newest (the draft's cache
-    holds inputs up to n - D - 1 in order: tree nodes are only scratch),
-    then one `score_tree` call per depth feeds the nodes that have children,
-    all of a level at once; the model must implement
-    `protocol.TreeLanguageModel`.
+    One call feeds the A + 1 inputs ending at the newest, A the most tokens
+    the previous iteration accepted (`drafter.accepted_bound`: the tree's
+    depth D, or the previous tree's after a switch to a shallower one):
+    the draft's cache holds the inputs up to the previous iteration's
+    newest, n - A - 1 or later, in order, and tree nodes after them only as
+    scratch, which this call overwrites. Then one `score_tree` call per
+    depth feeds the nodes that have children, all of a level at once; the
+    model must implement `protocol.TreeLanguageModel`.
     """
     model, sampler = self.model, settings.sampler
-    depth = shape.depth
+    behind = accepted_bound(context, shape.depth)
     n = context.length
     rows = jnp.arange(n.shape[0])
-    start = jnp.maximum(n - depth, 0)
+    start = jnp.maximum(n - behind, 0)
     window = jnp.take_along_axis(
-      context.inputs, start[:, None] + jnp.arange(depth + 1)[None], axis=1
+      context.inputs, start[:, None] + jnp.arange(behind + 1)[None], axis=1
     )
     ds = model.rollback(state, start)
     logits, ds = model.score(ds, window)

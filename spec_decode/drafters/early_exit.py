@@ -16,10 +16,15 @@ What is shared with the target, and why it is exact to share:
     inputs: they depend only on the inputs up to that position through
     layers 0..k-1, which the draft and the target share, so the target's
     are the draft's. Each iteration the draft copies the slots of the last
-    K committed inputs from the target's cache into its own (K = 1 for a
-    chain, the tree depth + 1 for a tree), where a separate draft model
-    re-feeds them: a chain's first draft call feeds one input (the newest)
-    instead of two, a tree's one instead of D + 1.
+    K committed inputs from the target's cache into its own, where a
+    separate draft model re-feeds them: a chain's first draft call feeds
+    one input (the newest) instead of two, a tree's one instead of D + 1.
+    K = 1 for a chain (the other inputs the previous iteration committed
+    are its own draft steps' tokens, whose slots those steps wrote: it
+    accepted no more than it drafted), and for a tree the most tokens the
+    previous iteration accepted + 1 (`core.drafter.accepted_bound`: the
+    depth + 1, or the previous tree's after a switch to a shallower tree;
+    the slots after the previous root hold that tree's scratch nodes).
 
 What is not shared: the draft keeps its own k-layer self-attention cache
 (the slots of its speculative tokens, which the target must not see before
@@ -193,9 +198,12 @@ class EarlyExit:
     shape,
   ) -> tuple[drafter.TreeProposal, EarlyExitState]:
     """The tree level by level (`tree_draft.expand`), after one call for
-    the newest input (the accepted path comes from the target's cache)."""
+    the newest input (the inputs committed since the last call come from
+    the target's cache, module docstring)."""
     model = self.model()
-    ds = self._synced(state, context, shape.depth + 1)
+    ds = self._synced(
+      state, context, drafter.accepted_bound(context, shape.depth) + 1
+    )
     root, ds = self._root(model, ds, context)
 
     def level_logits(d, fed, tokens, ds):

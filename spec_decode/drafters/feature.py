@@ -24,8 +24,12 @@ T5, with what an encoder-decoder adds:
 Drafting (`propose`): the loop hands the draft the target's features of
 the last K inputs (`DraftContext.recent_features`, K = G + 1), so every
 input the last verification accepted comes with the target's own feature
-(from that call, no second target call). The draft re-feeds its last K
-inputs as one block, each with the target's feature of the input before it
+(from that call, no second target call). The draft re-feeds the inputs
+committed since its last call as one block: the last A + 1, A the most
+tokens the previous iteration accepted (`core.drafter.accepted_bound`; G
+in a chain, a tree's depth, the previous tree's after a switch to a
+shallower one; A + 1 <= K), each with the target's feature of the input
+before it
 (overwriting what it had cached there from its own predicted features,
 EAGLE's correction), takes its predicted feature of the newest input,
 draws token n + 1 from `project(feature)`, and then drafts autoregressively
@@ -331,9 +335,13 @@ class FeatureDraft:
       )
     )
 
-  def _catch_up(self, state: FeatureState, context, cross):
-    """Re-feeds the last K inputs with the target's features: the predicted
-    feature `[B, D]` of input n and the cache holding inputs 0..n."""
+  def _catch_up(self, state: FeatureState, context, cross, depth: int):
+    """Re-feeds the last A + 1 inputs with the target's features, A the
+    most tokens the previous iteration accepted (`drafter.accepted_bound`
+    of this call's `depth`): the predicted feature `[B, D]` of input n and
+    the cache holding inputs 0..n. Its cache held the inputs up to the
+    previous call's newest (n - A - 1 or later) from the target's
+    features; what it drafted after them is overwritten here."""
     window = context.recent_features
     if window is None or context.target_state is None:
       raise ValueError(
@@ -342,8 +350,15 @@ class FeatureDraft:
       )
     n = context.length
     k = window.shape[1]
-    start = jnp.maximum(n - k + 1, 0)
-    cols = start[:, None] + jnp.arange(k)[None]  # Inputs t of the block.
+    w = drafter.accepted_bound(context, depth) + 1
+    if w > k:
+      raise ValueError(
+        f'the previous iteration may have committed {w} inputs, the '
+        f'feature window holds {k} (the loop sizes it for its deepest '
+        'iteration)'
+      )
+    start = jnp.maximum(n - w + 1, 0)
+    cols = start[:, None] + jnp.arange(w)[None]  # Inputs t of the block.
     width = context.inputs.shape[1]
     tokens = jnp.take_along_axis(
       context.inputs, jnp.minimum(cols, width - 1), axis=1
@@ -364,7 +379,7 @@ class FeatureDraft:
   ) -> tuple[drafter.Proposal, FeatureState]:
     """Tokens n+1..n+G (module docstring)."""
     cross = self.cross(context.target_state)
-    h, cache = self._catch_up(state, context, cross)
+    h, cache = self._catch_up(state, context, cross, settings.gamma)
 
     def step(carry, prev):
       cache, h = carry
@@ -392,7 +407,7 @@ class FeatureDraft:
     """The tree level by level; a node reads its parent's predicted
     feature (module docstring)."""
     cross = self.cross(context.target_state)
-    h, cache = self._catch_up(state, context, cross)
+    h, cache = self._catch_up(state, context, cross, shape.depth)
     hidden = (
       jnp.zeros((h.shape[0], shape.num_nodes + 1, h.shape[-1]), jnp.float32)
       .at[:, 0]

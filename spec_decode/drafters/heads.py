@@ -18,7 +18,10 @@ Proposals are independent per head (a chain of G tokens), and `q[b, k]` is
 the sampler's distribution of head k + 1, the one its token was drawn from,
 so verification stays exact (`drafters/drafter.py`). Trees
 (`propose_tree`) are Medusa's Cartesian products: every node at depth d
-gets its children from head d + 1.
+gets its children from head d + 1. The heads keep no per-position state:
+whatever the previous iteration accepted (a deeper tree's, a larger
+gamma's), they read only the target's feature of input n - 1, which the
+loop's window holds.
 
 Checkpoint format (`Heads.save`): `params/` (orbax: `weights`, `biases`,
 `projection`), `heads.json` (num_heads, depth, emb_dim, vocab_size,

@@ -16,7 +16,9 @@ exact at both levels.
 State. The draft model lags one input, as `ModelDrafter` does: the first
 inner call of a proposal at outer length n feeds inputs n - 1 and n (at
 n = 0 the start id alone) before the k sub-draft tokens, so its state only
-needs inputs 0..n-2, which it holds whatever the outer loop accepted. The
+needs inputs 0..n-2, which it holds whatever the outer loop accepted (its
+inner loop drafted at least as many; a smaller outer gamma than before,
+`DraftContext.max_accepted`, needs nothing more). The
 sub-draft sees the inner sequence as its context (outer inputs, then the
 drafted tokens) and is asked at each inner length, so its rollbacks work as
 they do in the outer loop. One case falls outside that contract: when the

@@ -123,7 +123,10 @@ def decode(model, draft, enc, keys, settings, shape, batch):
 def decode_auto(model, draft, enc, keys, settings, batch):
   """tree='auto' in one decode (`tree.auto`): the first iterations with the
   calibration tree, then the tree chosen from what they accepted, from the
-  same loop state, with the same keys.
+  same loop state, with the same keys. When the chosen tree is shallower,
+  its first iteration re-synchronises the drafter with the committed
+  prefix (the calibration may have accepted more tokens than the new tree
+  is deep; `tree.loop.iterate`).
 
   Exact: the choice reads the calibration iterations' counts of tested and
   accepted nodes (and costs timed with other keys), which depend only on

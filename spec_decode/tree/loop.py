@@ -22,7 +22,19 @@ are written while n < M). `start` can size them (and the token buffer) for
 a larger tree than the first one, so that a decode goes on from its state
 with another tree (`iterate` stops at a run-time iteration count):
 tree='auto' calibrates on its first iterations that way (`tree.auto`).
+
+Going on with a shallower tree: a drafter may assume that the previous
+iteration accepted no more tokens than the current tree is deep unless the
+loop says otherwise (`core.drafter.accepted_bound`); model drafts re-feed,
+early exits copy only that many + 1 inputs. The state remembers the
+deepest tree it ran (`TreeLoopState.deepest`, static), and the first
+iteration of `iterate` with a shallower tree passes that depth
+(`DraftContext.max_accepted`) so that every drafter re-synchronises with
+the committed prefix; it runs in a loop of its own (one more compiled
+iteration), the others as before.
 """
+
+import functools
 
 import flax.struct
 import jax
@@ -102,6 +114,9 @@ class TreeLoopState:
     provenance: where each output token came from (the accepted path's
       ranks too; `core.provenance.Record`); None when
       `settings.provenance` is off.
+    deepest: static; the depth of the deepest tree the state was iterated
+      with (None before any iteration): a bound on the tokens a row
+      accepted in its last iteration (module docstring).
   """
 
   inputs: jax.Array
@@ -113,6 +128,7 @@ class TreeLoopState:
   counters: TreeCounters
   features: jax.Array | None = None
   provenance: provenance_lib.Record | None = None
+  deepest: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
 def _count(c: TreeCounters, shape, result, valid, active, kept):
@@ -222,7 +238,8 @@ def iterate(
     max_iterations: the loop stops when `state.step` reaches it (or M).
 
   Returns:
-    The state after the last iteration.
+    The state after the last iteration; its `deepest` is the larger of
+    `state.deepest` and D.
   """
   if settings.gamma != shape.depth:
     raise ValueError('the tree loop needs settings.gamma == the tree depth')
@@ -234,7 +251,9 @@ def iterate(
   rows = jnp.arange(batch)
   children, ranks = jnp.asarray(shape.children), jnp.asarray(shape.ranks)
 
-  def body(state: TreeLoopState) -> TreeLoopState:
+  def body(
+    state: TreeLoopState, max_accepted: int | None = None
+  ) -> TreeLoopState:
     n = state.length
     active = ~state.done
     context = drafter.DraftContext(
@@ -245,6 +264,7 @@ def iterate(
         row_keys, n[:, None] + 1 + jnp.arange(d)[None], verified_block.SAMPLE
       ),
       **drafter.context_reads(proposer, state.features, state.target),
+      max_accepted=max_accepted,
     )
     proposal, ds = proposer.propose_tree(state.draft, context, settings, shape)
     root = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
@@ -312,9 +332,25 @@ def iterate(
   limit = jnp.minimum(
     jnp.asarray(max_iterations, jnp.int32), settings.max_decode_len
   )
-  return lax.while_loop(
-    lambda s: jnp.any(~s.done) & (s.step < limit), body, state
-  )
+
+  def going(state: TreeLoopState, stop: jax.Array) -> jax.Array:
+    return jnp.any(~state.done) & (state.step < stop)
+
+  deepest = state.deepest
+  if deepest is not None and deepest > d:
+    # The first iteration after a switch to a shallower tree: the last one
+    # may have accepted up to `deepest` tokens, more than the drafters
+    # re-feed for this tree, which would leave the previous tree's scratch
+    # nodes in their caches (module docstring). Its own loop: the wider
+    # re-feed costs this one iteration only.
+    first = jnp.minimum(limit, state.step + 1)
+    state = lax.while_loop(
+      lambda s: going(s, first),
+      functools.partial(body, max_accepted=deepest),
+      state,
+    )
+  state = lax.while_loop(lambda s: going(s, limit), body, state)
+  return state.replace(deepest=max(deepest or 0, d))
 
 
 def outputs(

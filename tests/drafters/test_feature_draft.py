@@ -49,7 +49,9 @@ def _noisy(draft: FeatureDraft, scale: float, seed: int) -> FeatureDraft:
 
 def _committed_context(model, enc, outputs, n, width, gamma, temperature):
   """A context at lengths `n [B]` with the target's state after the
-  committed inputs and its features of the last `width` inputs."""
+  committed inputs and its features of the last `width` inputs, saying
+  that the previous iteration may have committed all `width` of them
+  (`max_accepted`: the draft re-feeds them all)."""
   b, length = outputs.shape[0], outputs.shape[1] + 8
   inputs = np.zeros((b, length), np.int32)
   inputs[:, 1 : outputs.shape[1] + 1] = outputs
@@ -74,6 +76,7 @@ def _committed_context(model, enc, outputs, n, width, gamma, temperature):
     target_features=window[:, -1],
     recent_features=window,
     target_state=model.rollback(state, n),
+    max_accepted=width - 1,
   )
   settings = DecodeSettings(
     max_decode_len=length, sampler=sd.Sampler(temperature), gamma=gamma
