@@ -112,6 +112,7 @@ def test_items_that_would_not_fit_are_skipped_with_their_prediction(
   why = {x['item']: x['why'] for x in rec.data['skipped']}
   assert why['b'].startswith('predicted 1000000 s > ')
   assert why['d'].startswith('not selected')
+
   # An item that finds out on running that it cannot is a skip, once.
   def cannot(box):
     raise runner.Skip('needs v(1), not measured')
