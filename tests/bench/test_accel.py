@@ -121,6 +121,17 @@ def test_items_that_would_not_fit_are_skipped_with_their_prediction(
   assert [x['item'] for x in rec.data['skipped']].count('late') == 1
   assert 'late' not in [e['item'] for e in rec.data['timeline']]
   assert rec.data['running'] is None
+
+  # A prediction that raises is that item's error; the run goes on.
+  def broken():
+    raise ValueError('max() iterable argument is empty')
+
+  r.run([
+    runner.Item('xxl', 'broken', broken, lambda box: calls.append('x')),
+    runner.Item('xxl', 'after', lambda: 0.0, lambda box: calls.append('y')),
+  ])  # fmt: skip
+  assert calls[-1] == 'y' and 'x' not in calls
+  assert 'max() iterable' in rec.data['errors'][-1]['error']
   # The negative control: with room, the same item runs.
   r2 = runner.Runner(rec, 60, {})
   r2.run([runner.Item('xxl', 'b', lambda: 1.0, lambda b: calls.append('b'))])
@@ -264,3 +275,21 @@ def test_restore_measures_float32_attention_logits(tmp_path):
   assert got['float32_attention_logits'] and got['rows'] == 4
   assert set(got['step_ms']) == {'default', 'float32_attention_logits'}
   assert set(got['step_ms']['default']) == {'1', '3'}
+
+
+def test_an_alpha_item_without_a_wider_v_is_skipped(tmp_path):
+  """Only v(1) measured (a loaded machine's short run): Theorem 3.8 has no
+  gamma to choose, which is a skip with its reason, not a crash."""
+  from spec_decode.bench.accel import sizes
+
+  plan = plan_lib.tiny()
+  rec = record.Recorder(str(tmp_path), {}, render=None)
+  bench = sizes.SizeBench(
+    rec, plan, cost.Predictor(), 'xxl', lambda: None, lambda: None
+  )
+  bench.times[1] = 1e-4
+  bench.out['c'] = 0.5
+  with pytest.raises(runner.Skip, match='k >= 2'):
+    bench.alpha_item(0.9).predict()
+  bench.times[3] = 2e-4  # The negative control: with v(3) it predicts.
+  assert bench.alpha_item(0.9).predict() > 0

@@ -91,6 +91,10 @@ class Runner:
       except Skip as e:
         self.rec.skip(item.section, item.name, str(e))
         continue
+      except Exception as e:  # noqa: BLE001  A broken prediction is the
+        # item's error, never the run's end.
+        self.rec.error(item.section, e)
+        continue
       if not box.fits(predicted):
         self.rec.skip(
           item.section,

@@ -295,7 +295,10 @@ class SizeBench:
     from the measured c and v."""
 
     def gamma():
-      return best_gamma(alpha, self.out['c'], self._v())
+      v = self._v()
+      if max(v) < 2:
+        raise Skip('needs v(k) for some k >= 2, none measured')
+      return best_gamma(alpha, self.out['c'], v)
 
     def run(box):
       g, predicted = gamma()
