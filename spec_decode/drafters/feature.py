@@ -260,7 +260,10 @@ class FeatureDraft:
     """What proposes in a decode (`protocol.DraftingCopy`): where the CPU
     kernel is on, the network packed in bfloat16 and the target's
     drafting copy (bfloat16 output projection), as a model draft gets.
-    Only the proposals can change (by rounding), never the output."""
+    Only the proposals can change (by rounding), never the output. On a
+    sharded target the same weights: the network is packed alike (the
+    draft is replicated on the mesh) and the target's copy rounds its
+    shards as the unsharded copy rounds its packing."""
     if self.packed is not None or not t5_model.cpu_kernel_enabled(
       self.net_config
     ):

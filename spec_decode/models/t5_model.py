@@ -282,10 +282,12 @@ class Model:
     bfloat16 for the kernel, so a draft step reads half the bytes, which on
     a CPU halves it at small batches (the bench draft: 2.4 -> 1.4 ms at
     batch 1, 3.3 -> 2.2 ms at 8, equal at 32); sharded (never packed), the
-    same rounded weights in their shards, so that a draft proposes the same
-    tokens on any mesh and a seed gives the same sample sharded or not. The
-    proposals can differ from the float32 model's by rounding; exactness
-    does not depend on them, since the target checks every token. Otherwise
+    same rounded weights in their shards, so that a draft proposes from the
+    same weights on any mesh and a seed gives the same sample sharded or
+    not, up to float32 rounding (XLA's sums depend on the rows a product
+    sees and on the model axis: docs/guarantees.md). The proposals can
+    differ from the float32 model's by rounding; exactness does not depend
+    on them, since the target checks every token. Otherwise
     (no kernel, bfloat16 weights, or packed by an explicit `pack_for_cpu`,
     e.g. `pack_for_cpu(jnp.float32)` to draft in float32) the model itself.
     Built once per model.

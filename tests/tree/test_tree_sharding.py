@@ -5,6 +5,7 @@ The mesh test runs in the 8-device subprocess of `test_in_subprocess`
 """
 
 import numpy as np
+import pytest
 from _mesh_util import inputs
 from _mesh_util import needs_mesh
 from _mesh_util import pair
@@ -18,7 +19,8 @@ TREE = (2, 2, 1)
 
 
 @needs_mesh
-def test_sharded_tree_matches_unsharded():
+@pytest.mark.parametrize('data,model', [(2, 4), (8, 1)])
+def test_sharded_tree_matches_unsharded(data, model):
   # t = 1: the sharded program must also draw what the unsharded one does
   # (greedy is the same program without the draws).
   temperature = 1.0
@@ -30,7 +32,7 @@ def test_sharded_tree_matches_unsharded():
     seed=np.arange(8) + 5,
   )
   ref = sd.generate(target, inputs(), draft=draft, **kw)
-  p = Partitioner(data=2, model=4)
+  p = Partitioner(data=data, model=model)
   out = sd.generate(
     p.shard_params(target), inputs(), draft=p.shard_params(draft), **kw
   )
@@ -43,4 +45,4 @@ def test_sharded_tree_matches_unsharded():
 
 
 def test_in_subprocess():
-  assert '1 passed' in rerun_on_mesh(__file__, _INNER)
+  assert '2 passed' in rerun_on_mesh(__file__, _INNER)
