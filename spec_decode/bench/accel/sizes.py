@@ -119,7 +119,9 @@ class SizeBench:
     self.rec.put('sizes', self.name, self.out)
 
   # -- v(k) ------------------------------------------------------------------
-  def _bound(self, k: int) -> float | None:
+  def _bound(self) -> float | None:
+    """The bound of one call at batch 1: the same for every k (a few
+    tokens read the same weights and caches)."""
     if self.predictor.bandwidth is None:  # The smoke step was skipped.
       self.predictor.bandwidth = cost.device_bandwidth(
         self.plan.smoke_copy_bytes
@@ -153,7 +155,7 @@ class SizeBench:
         time.perf_counter() - t0 - (1 + plan.repeats) * calls * seconds,
       )
       self.times[k] = seconds
-      bound = self._bound(k)
+      bound = self._bound()
       self.out['step'][str(k)] = {
         'ms': seconds * 1e3,
         'bound_ms': None if bound is None else bound * 1e3,
