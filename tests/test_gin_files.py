@@ -141,7 +141,7 @@ SETTINGS_MACROS = {
   'MAX_INPUT_LEN': 'max_input_len', 'SEED': 'seed', 'LENIENCE': 'lenience',
   'DYNAMIC_GAMMA': 'dynamic_gamma', 'DATA_DIR': 'data_dir',
   'TARGET_NAME': 'target_name', 'DRAFT_NAME': 'draft_name',
-  'TIMING_REPEATS': 'timing_repeats',
+  'TIMING_REPEATS': 'timing_repeats', 'TIMING_ROUNDS': 'timing_rounds',
   'NUM_BEAMS': 'num_beams', 'BEAM_ALPHA': 'beam_alpha',
   'MAX_AUTO_GAMMA': 'max_auto_gamma',
 }  # fmt: skip

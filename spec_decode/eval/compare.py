@@ -11,7 +11,8 @@ report), and writes
                     lenience, dynamic γ, γ, α, c, tokens per target call,
                     draft tokens proposed per iteration, measured and
                     predicted speedup, the oracle bound 1/(1-α) (section
-                    3.5), quality, exactness
+                    3.5), outputs without EOS (plain) and the speedup on
+                    outputs that end (`outcomes`), quality, exactness
 
 `spec-decode eval` calls it when a config binds `spec_eval_compare.compare`
 (configs/drafters_debian_ende.gin, lenience_debian_ende.gin,
@@ -59,7 +60,9 @@ def _rows(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
         'tokens_per_call': entry['tokens_per_call'],
         'mean_proposed': entry.get('mean_proposed', entry['gamma']),
         'speedup_measured': entry['speedup_measured'],
+        'speedup_spread': entry.get('speedup_spread'),
         'speedup_predicted': entry['speedup_predicted'],
+        **_ending(entry),
         'oracle_bound': 1.0 / max(1.0 - entry['alpha'], 1e-9),
         'metric': metric,
         'quality_plain': values['plain'],
@@ -69,6 +72,26 @@ def _rows(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
       }
     )
   return rows
+
+
+def _ending(entry: dict[str, Any]) -> dict[str, Any]:
+  """The row's outputs without EOS and its speedup on outputs that end
+  (`outcomes.by_ending`; None for a run without them)."""
+  e = entry.get('by_ending')
+  if not e:
+    return {'no_eos': None, 'speedup_ends': None, 'alpha_ends': None}
+  ends = e['ends']
+  return {
+    'no_eos': e['no_eos']['plain'],
+    'no_eos_token_share': e['no_eos']['plain_token_share'],
+    'examples_ending': ends['examples'],
+    'speedup_ends': ends.get('speedup_measured'),
+    'alpha_ends': ends.get('alpha'),
+  }
+
+
+def _opt(x: Any, fmt: str) -> str:
+  return '-' if x is None else format(x, fmt)
 
 
 def _exactness(row: dict[str, Any]) -> str:
@@ -83,9 +106,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
   """The Markdown comparison table."""
   lines = [
     '| drafter | t | l | dyn. γ | γ | α | c | tok/call | proposed/iter '
-    '| speedup | predicted | 1/(1-α) | quality (plain → spec.) '
-    '| exactness |',
-    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    '| speedup | predicted | 1/(1-α) | no EOS (plain) | speedup on '
+    'outputs that end (x) | quality (plain → spec.) | exactness |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     dyn = f'{r["dynamic_gamma"]:g}' if r['dynamic_gamma'] else '-'
@@ -94,7 +117,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
       f'| {r["gamma"]} | {r["alpha"]:.3f} | {r["c"]:.3f} '
       f'| {r["tokens_per_call"]:.2f} | {r["mean_proposed"]:.2f} '
       f'| {r["speedup_measured"]:.2f}x | {r["speedup_predicted"]:.2f}x '
-      f'| {r["oracle_bound"]:.2f} '
+      f'| {r["oracle_bound"]:.2f} | {_opt(r.get("no_eos"), "d")} '
+      f'| {_opt(r.get("speedup_ends"), ".2f")} '
       f'| {r["metric"]} {r["quality_plain"]:.2f} → '
       f'{r["quality_speculative"]:.2f} | {_exactness(r)} |'
     )

@@ -25,6 +25,7 @@ import spec_decode as sd
 from spec_decode.beam import scores as beam_scores
 from spec_decode.core import drafter as drafter_lib
 from spec_decode.core import rejection
+from spec_decode.eval import rounds as rounds_lib
 from spec_decode.eval import settings as settings_lib
 from spec_decode.policy import timing as costs_lib
 
@@ -346,6 +347,29 @@ class Decoder:
     self._note_costs(out)
     stats = None if gamma is None else BeamSpecStats.of(out, s.num_beams)
     return BeamDecode(out.tokens[:, 0], out.lengths[:, 0], out, stats), seconds
+
+  def probes(self, enc: np.ndarray, gammas: Sequence[Any]) -> Any:
+    """The batch's cost probes (`rounds.Probes`): a target call on 1 and
+    on γ+1 tokens for each γ (`AUTO`: every γ in 0..max_auto_gamma) and a
+    draft step; None for beam search (its report shows no chain
+    prediction)."""
+    s = self.settings
+    if s.beam:
+      return None
+    width = max(self.width(g) for g in gammas)
+    ks = range(1, width + 2) if AUTO in gammas else [int(g) + 1 for g in gammas]
+    settings = sd.DecodeSettings(
+      max_decode_len=1, sampler=sd.Sampler(**s.sampling()), gamma=width
+    )
+    return rounds_lib.Probes(
+      self.target,
+      self.draft,
+      enc,
+      ks,
+      width,
+      s.max_decode_len,
+      settings,
+    )
 
   def costs(self, ks: Sequence[int], gamma: int) -> dict[str, Any]:
     """`measure_costs` of the pair at the run's batch size and sampling."""

@@ -67,6 +67,8 @@ h1 {{ font-size: 1.3em; }}
 .legend span {{ padding: 0.1em 0.4em; margin-right: 0.6em;
   white-space: nowrap; }}
 img {{ height: 150px; margin-right: 0.5em; }}
+.out-mark {{ background: #ffd27f; color: #5a3a00; font-weight: bold;
+  padding: 0 0.3em; }}
 """
 
 
@@ -142,7 +144,7 @@ def _chain_example(rec, spec, decode) -> str:
     out = html.escape(spec['text'])
   calls = max(spec['iterations'], 1)
   meta = (
-    f'#{rec["index"]} · α {spec["alpha"]:.2f} · '
+    _ran_out_mark(rec, spec) + f'#{rec["index"]} · α {spec["alpha"]:.2f} · '
     f'{len(tokens) / calls:.2f} tokens per target call · '
     f'{spec["iterations"]} iterations · '
     + ('exact' if spec['exact'] else 'differs from plain decoding')
@@ -162,7 +164,8 @@ def _chain_example(rec, spec, decode) -> str:
 def _beam_example(rec, spec) -> str:
   calls = max(spec['iterations'], 1)
   meta = (
-    f'#{rec["index"]} · {spec["steps"]} beam steps in '
+    _ran_out_mark(rec, spec)
+    + f'#{rec["index"]} · {spec["steps"]} beam steps in '
     f'{spec["iterations"]} target calls ({spec["steps"] / calls:.2f} steps '
     f'per call; plain beam search: {rec.get("plain_steps", "-")} steps) · '
     f'calls covering 0.. draft depths: {spec["accepted_histogram"]} · '
@@ -175,6 +178,49 @@ def _beam_example(rec, spec) -> str:
     f'<div class="ref">reference: {html.escape(rec["reference"])}</div>'
     '</div>'
   )
+
+
+def _ran_out_mark(rec, spec) -> str:
+  """The marker of an example whose output ran out (no EOS): plain,
+  speculative or both."""
+  plain = rec.get('plain_ran_out', False)
+  speculative = spec.get('ran_out', False)
+  if not (plain or speculative):
+    return ''
+  which = (
+    'plain and speculative'
+    if plain and speculative
+    else 'plain'
+    if plain
+    else 'speculative'
+  )
+  return (
+    f'<span class="out-mark">NO EOS: {which} output ran to '
+    'max_decode_len</span> '
+  )
+
+
+def _ending_head(r: dict[str, Any]) -> str:
+  """The page's line on outputs without EOS and the speedup on those that
+  end (first γ)."""
+  e = r.get('by_ending')
+  if not e:
+    return ''
+  n, ends = e['no_eos'], e['ends']
+  text = (
+    f'Outputs without EOS (ran to max_decode_len {n["max_decode_len"]}, '
+    f'marked NO EOS below): plain {n["plain"]} of {r["num_examples"]}, '
+    f'{n["plain_token_share"] * 100:.0f}% of plain output tokens.'
+  )
+  if ends['examples']:
+    lo, hi = ends['speedup_spread']
+    text += (
+      f' On the {ends["examples"]} outputs that end: speedup '
+      f'{ends["speedup_measured"]:.2f}x (rounds {lo:.2f}-{hi:.2f}x), '
+      f'α {ends["alpha"]:.2f}, {ends["tokens_per_call"]:.2f} tokens per '
+      'target call.'
+    )
+  return f'<p class="meta">{html.escape(text)}</p>'
 
 
 def page(
@@ -197,9 +243,11 @@ def page(
     + (
       ''
       if beam
-      else f' (predicted E[tok]/(γc+v) {r["speedup_predicted"]:.2f}x)'
+      else f' (predicted from c and v timed apart: E[tok]/(γc+v) '
+      f'{r["speedup_predicted"]:.2f}x)'
     )
     + '. <a href="summary.md">summary.md</a></p>'
+    + _ending_head(r)
   )
   if not beam:
     head += _legend()

@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 
 from spec_decode import theory
+from spec_decode.eval import outcomes
 from spec_decode.eval import pages
+from spec_decode.eval import rounds as rounds_lib
 
 # Keys of results.json (at any depth) whose values come from clocks: they
 # differ between runs, everything else is a function of the decoded tokens.
@@ -44,7 +46,18 @@ TIMING_KEYS = frozenset(
   {
     'c',
     'v',
+    'c_loops',
     'v_of_k',
+    'apart_cost',
+    'cost_gap',
+    'costs_apart',
+    'speedup_rounds',
+    'speedup_spread',
+    'plain_seconds_rounds',
+    'seconds_rounds',
+    'draft_alone_seconds',
+    'draft_alone_seconds_rounds',
+    'probe',
     'target_step_seconds',
     'draft_step_seconds',
     'walltime',
@@ -59,7 +72,6 @@ TIMING_KEYS = frozenset(
     'cost_models',
     'mean_v',
     'iteration_cost',
-    'costs_timed_apart',
   }
 )
 
@@ -77,9 +89,10 @@ def _schedule(records, key, batch_size, alpha):
   """An auto-γ decode's γ schedule and the means the predictions use.
 
   Returns:
-    `{'max_gamma', 'gamma_iterations'` (`[G + 1]` the batches' iterations
-    at each γ: each batch's longest row saw all of them), `'mean_gamma'`,
-    `'mean_expected_tokens'` (over the rows' iterations)}.
+    `{'gamma_shares'` (`[G + 1]` the share of the rows' iterations at
+    each γ), `'max_gamma', 'gamma_iterations'` (`[G + 1]` the batches'
+    iterations at each γ: each batch's longest row saw all of them),
+    `'mean_gamma'`, `'mean_expected_tokens'` (over the rows' iterations)}.
   """
   rows = np.array(
     [rec['speculative'][key]['gamma_iterations'] for rec in records],
@@ -94,6 +107,7 @@ def _schedule(records, key, batch_size, alpha):
     batches += np.asarray(longest['speculative'][key]['gamma_iterations'])
   expected = [float(theory.expected_tokens(alpha, int(g))) for g in gammas]
   return {
+    'gamma_shares': (per_gamma / n).tolist(),
     'max_gamma': int(gammas[-1]),
     'gamma_iterations': batches.tolist(),
     'mean_gamma': float(per_gamma @ gammas / n),
@@ -102,46 +116,102 @@ def _schedule(records, key, batch_size, alpha):
 
 
 def _step_costs(records, batch_size, plain, costs):
-  """The target's and the draft's step times and c, from the run's loops.
+  """The loops' step times, and the costs the predictions use.
 
   The target step T is the plain decodes' seconds per loop iteration; the
-  draft step, the draft decoding alone's (records' `draft_alone_*`); c is
-  their ratio. Without the draft's own decodes (a drafter that is not a
-  language model, beam search, or records of an older run) c is `costs`'
-  (timed apart from the loops, `costs.measure`) and the draft step c T.
+  draft's loop step is the draft decoding alone's (records'
+  `draft_alone_*`), and `c_loops` their ratio (None without such decodes).
+  `apart` holds c and v(k) timed apart from the loops: from the records'
+  probes (`_probe_costs`), else `costs` (`costs.measure`, after the
+  decodes: beam search, records of an older run).
   """
   t = plain['seconds'] / max(plain['target_calls'], 1)
+  c_loops = None
   if all('draft_alone_seconds' in rec for rec in records):
     calls = sum(
       max(rec['draft_alone_tokens'] for rec in group)
       for group in _batch_groups(records, batch_size)
     )
     d = sum(rec['draft_alone_seconds'] for rec in records) / max(calls, 1)
-    source = 'loops'
-  else:
-    d = costs['c'] * t
-    source = 'timed apart'
+    c_loops = d / max(t, 1e-12)
+  apart = _probe_costs(records, batch_size)
+  if apart is None and costs is not None:
+    apart = {
+      **_apart(costs),
+      'source': 'costs.measure after the decodes (batch, prefix 16)',
+    }
+  return {'target_step_seconds': t, 'c_loops': c_loops, 'apart': apart}
+
+
+def _probe_costs(records, batch_size):
+  """c and v(k) from the records' probes (`rounds.Probes`); None when a
+  record has none.
+
+  Per round, each batch's probe times are weighted by the batch's plain
+  target calls (its longest plain output: where the decode spends its
+  calls), summed, and divided (c = draft step / target step, v(k) = call
+  on k tokens / target step); the figures are the medians over rounds.
+  """
+  if not records or not all('probe' in rec for rec in records):
+    return None
+  groups = _batch_groups(records, batch_size)
+  probes = [group[0]['probe'] for group in groups]
+  weights = [max(len(rec['plain_tokens']) for rec in g) for g in groups]
+  n = min(len(p['target_step']) for p in probes)
+  ks = sorted(
+    set.intersection(*(set(p['target_calls']) for p in probes)), key=int
+  )
+
+  def total(get, r):
+    return sum(w * get(p)[r] for w, p in zip(weights, probes, strict=True))
+
+  t = [total(lambda p: p['target_step'], r) for r in range(n)]
+  d = [total(lambda p: p['draft_step'], r) for r in range(n)]
+  v = {
+    k: [total(lambda p, k=k: p['target_calls'][k], r) / t[r] for r in range(n)]
+    for k in ks
+  }
+  w = max(sum(weights), 1)
   return {
-    'target_step_seconds': t,
-    'draft_step_seconds': d,
-    'c': d / max(t, 1e-12),
-    'cost_source': {'c': source, 'v': 'loops'},
+    'c': float(np.median([d[r] / t[r] for r in range(n)])),
+    'v_of_k': {'1': 1.0, **{k: float(np.median(x)) for k, x in v.items()}},
+    'target_step_seconds': float(np.median(t)) / w,
+    'draft_step_seconds': float(np.median(d)) / w,
+    'rounds': n,
+    'mean_position': float(
+      np.average([p['position'] for p in probes], weights=weights)
+    ),
+    'source': 'probes interleaved with the decodes',
   }
 
 
-def _gamma_results(records, gamma, batch_size, score, steps, plain):
+def _mean_v(v_of_k, shares):
+  """Σ_g shares[g] v(g + 1): an auto-γ schedule's mean target-call cost
+  (γ 0 is a plain step, v(1) = 1); nan where a γ it ran lacks a v."""
+  return float(
+    sum(
+      share * v_of_k.get(str(g + 1), math.nan)
+      for g, share in enumerate(shares)
+      if share
+    )
+  )
+
+
+def _gamma_results(
+  records, gamma, batch_size, score, steps, plain, max_decode_len
+):
   """Acceptance, calls, quality, timings and predictions of one γ (an int,
   or `'auto'`: the schedule's means, `_schedule`).
 
-  `iteration_cost` is this γ's own timed loop's seconds per target call
-  over the target step T (`_step_costs`): γc + v as the loop ran it; v is
-  that less γc (the draft steps of a call). The prediction E[tokens] /
-  (γc + v) then differs from the measured speedup only where E[tokens]
-  (iid α) differs from the tokens each batch's target calls produced. (A
-  plain loop's iteration carries more overhead than a draft step inside
-  the speculative loop's scan: where that overhead dominates, as with tiny
-  models, c is too high and v can come out negative; γc + v stays what was
-  measured.)"""
+  The measured speedup is the median over rounds of the run's plain over
+  speculative seconds (`rounds.speedups`). The predictions use c and v
+  timed apart (`steps['apart']`): Theorem 3.8 (v = 1), E[tokens] / (γc +
+  v) and tokens per call / (γc + v). `iteration_cost` is what the run
+  itself implies: its seconds per target call over the plain loop's step,
+  γc + v as the loops ran them; `cost_gap` is that less γc + v timed
+  apart (the loops' overhead: verify, commit, the while loop, host
+  syncs).
+  """
   key = str(gamma)
   specs = [rec['speculative'][key] for rec in records]
   hist = np.sum([s['accepted_histogram'] for s in specs], axis=0)
@@ -157,23 +227,25 @@ def _gamma_results(records, gamma, batch_size, score, steps, plain):
   tokens = sum(len(s['tokens']) for s in specs)
   iterations = sum(s['iterations'] for s in specs)
   seconds = sum(s['seconds'] for s in specs)
-  c = steps['c']
+  apart = steps['apart']
+  c = apart['c'] if apart else math.nan
+  v_of_k = apart['v_of_k'] if apart else {}
   auto = {}
   if key == 'auto':
     auto = _schedule(records, key, batch_size, alpha)
     mean_gamma = auto['mean_gamma']
     expected = auto.pop('mean_expected_tokens')
+    v = _mean_v(v_of_k, auto.pop('gamma_shares'))
+    auto['mean_v'] = v
     draft_calls = int(np.arange(len(hist)) @ auto['gamma_iterations'])
   else:
     mean_gamma = gamma
     expected = float(theory.expected_tokens(alpha, gamma))
+    v = v_of_k.get(str(gamma + 1), math.nan)
     draft_calls = gamma * target_calls
-  # A target call's seconds (its iteration's, drafting included) in target
-  # steps: γc + v as this loop ran it.
+  # A target call's seconds (its iteration's, drafting included) in plain
+  # loop steps: γc + v as this run's loops ran it.
   cost = seconds / max(target_calls, 1) / steps['target_step_seconds']
-  v = cost - draft_calls / max(target_calls, 1) * c
-  if key == 'auto':
-    auto['mean_v'] = v
   values, _ = score([s['text'] for s in specs], [s['tokens'] for s in specs])
   quality = {
     name: {'plain': plain['quality'][name], 'speculative': value}
@@ -183,8 +255,12 @@ def _gamma_results(records, gamma, batch_size, score, steps, plain):
   tokens_per_call = tokens / max(iterations, 1)
   beam = {}
   if all('steps' in s for s in specs):  # Beam search: steps per call.
-    steps = sum(s['steps'] for s in specs)
-    beam = {'steps': steps, 'steps_per_call': steps / max(iterations, 1)}
+    steps_done = sum(s['steps'] for s in specs)
+    beam = {
+      'steps': steps_done,
+      'steps_per_call': steps_done / max(iterations, 1),
+    }
+  apart_cost = mean_gamma * c + v
   return {
     **beam,
     **auto,
@@ -206,18 +282,22 @@ def _gamma_results(records, gamma, batch_size, score, steps, plain):
     'quality': quality,
     'c': c,
     'v': v,
+    'c_loops': steps['c_loops'],
+    'apart_cost': apart_cost,
     'iteration_cost': cost,
+    'cost_gap': cost - apart_cost,
     'seconds': seconds,
     'tokens_per_second': tokens / max(seconds, 1e-12),
-    'speedup_measured': plain['seconds'] / max(seconds, 1e-12),
-    'speedup_predicted': expected / (mean_gamma * c + v),
+    **rounds_lib.speedups(records, key),
+    'speedup_predicted': expected / apart_cost,
     'speedup_predicted_theorem38': expected / (mean_gamma * c + 1.0),
-    'speedup_predicted_from_tokens': tokens_per_call / (mean_gamma * c + v),
+    'speedup_predicted_from_tokens': tokens_per_call / apart_cost,
+    'by_ending': outcomes.by_ending(records, key, max_decode_len),
   }
 
 
 def results(
-  records, gammas, score, batch_size, costs, metric
+  records, gammas, score, batch_size, costs, metric, max_decode_len
 ) -> dict[str, Any]:
   """results.json from the per-example records and the measured costs.
 
@@ -227,10 +307,12 @@ def results(
     score: (output texts, output ids) -> ({quality metric: value}, notes
       on metrics not reported); `task_data.TaskData.score`.
     batch_size: rows per decode.
-    costs: `decoding.measure_costs` of the pair (timed apart from the
-      loops), or None: c and v come from the records' timed loops
-      (`_step_costs`); with `costs`, c is theirs and v still the loops'.
+    costs: `decoding.measure_costs` of the pair (timed after the decodes),
+      or None. The predictions' c and v are the records' probes' (timed
+      apart, interleaved with the decodes: `_probe_costs`), else these.
     metric: what `score` computes, for results.json.
+    max_decode_len: the run's output limit (outputs that reach it without
+      EOS are counted apart: `outcomes`).
   """
   plain_quality, notes = score(
     [r['plain'] for r in records], [r['plain_tokens'] for r in records]
@@ -254,12 +336,10 @@ def results(
   }
   steps = _step_costs(records, batch_size, plain, costs)
   sweep = [
-    _gamma_results(records, g, batch_size, score, steps, plain) for g in gammas
+    _gamma_results(records, g, batch_size, score, steps, plain, max_decode_len)
+    for g in gammas
   ]
-  v_of_k = {'1': 1.0}
-  v_of_k.update(
-    {str(s['gamma'] + 1): s['v'] for s in sweep if s['gamma'] != 'auto'}
-  )
+  apart = steps['apart'] or {}
   top = dict(sweep[0])
   top.update(
     num_examples=len(records),
@@ -273,11 +353,9 @@ def results(
       if beam
       else {}
     ),
-    v_of_k=v_of_k,
+    v_of_k=apart.get('v_of_k', {'1': 1.0}),
     target_step_seconds=steps['target_step_seconds'],
-    draft_step_seconds=steps['draft_step_seconds'],
-    cost_source=steps['cost_source'],
-    **({'costs_timed_apart': _apart(costs)} if costs else {}),
+    costs_apart=steps['apart'],
     walltime={
       'plain_seconds': plain_seconds,
       'speculative_seconds': sweep[0]['seconds'],
@@ -360,18 +438,51 @@ def summary_markdown(r: dict[str, Any]) -> str:
   if r['gamma'] == 'auto':
     lines += _auto_lines(r)
   rows = r['sweep'] or [r]
+  lines += _ending_lines(r) + ['']
   lines += [
-    '| task | draft | temp | γ | α | c | v | Exp (Thm 3.8) '
-    '| Exp E[tok]/(γc+v) | Emp | exact match |',
-    '|---|---|---|---|---|---|---|---|---|---|---|',
+    '| task | draft | temp | γ | α | c | v | Exp Thm 3.8 (v = 1) '
+    '| Exp E[tok]/(γc+v) | Emp (median of rounds) | Emp spread '
+    '| exact match |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for s in rows:
+    lo, hi = s['speedup_spread']
     lines.append(
       f'| {r["task"]} | {r["draft"]} | {r["temperature"]:g} | {_gamma(s)} | '
       f'{_f(s["alpha"])} | {_f(s["c"], 3)} | {_f(s["v"])} | '
       f'{_f(s["speedup_predicted_theorem38"])}x | '
       f'{_f(s["speedup_predicted"])}x | {_f(s["speedup_measured"])}x | '
+      f'{_f(lo)}-{_f(hi)}x | '
       f'{_f(s["exact_match_fraction"] * 100, 1)}% |'
+    )
+  lines += [
+    '',
+    '| γ | outputs | examples | α | tokens/target call | Emp (median of '
+    'rounds) | Emp spread |',
+    '|---|---|---|---|---|---|---|',
+  ]
+  for s in rows:
+    for name, label in (('ends', 'end (EOS)'), ('runs_out', 'run out')):
+      g = s['by_ending'][name]
+      if not g['examples']:
+        lines.append(f'| {_gamma(s)} | {label} | 0 | - | - | - | - |')
+        continue
+      lo, hi = g['speedup_spread']
+      lines.append(
+        f'| {_gamma(s)} | {label} | {g["examples"]} | {_f(g["alpha"])} | '
+        f'{_f(g["tokens_per_call"])} | {_f(g["speedup_measured"])}x | '
+        f'{_f(lo)}-{_f(hi)}x |'
+      )
+  lines += [
+    '',
+    '| γ | γc+v timed apart | γc+v the run implies | difference '
+    "(the loops' own work) |",
+    '|---|---|---|---|',
+  ]
+  for s in rows:
+    lines.append(
+      f'| {_gamma(s)} | {_f(s["apart_cost"])} | {_f(s["iteration_cost"])} '
+      f'| {_f(s["cost_gap"])} |'
     )
   lines += _quality_lines(r, rows, 'plain')
   lines += [
@@ -396,8 +507,10 @@ def summary_markdown(r: dict[str, Any]) -> str:
     f'{r["accepted_histogram"]}',
     'Per-position acceptance: '
     + ' '.join(_f(a) for a in r['per_position_acceptance']),
-    f'Walltime (compile excluded): plain {_f(r["plain_seconds"])} s, '
-    f'speculative {_f(r["walltime"]["speculative_seconds"])} s.',
+    f"Walltime (compile excluded; median of each decode's "
+    f'{len(r["speedup_rounds"])} rounds): plain {_f(r["plain_seconds"])} '
+    f's, speculative {_f(r["walltime"]["speculative_seconds"])} s.',
+    _rounds_line(r),
     _cost_line(r),
   ]
   if r['temperature'] > 0 and r['exact_algorithm']:
@@ -409,27 +522,84 @@ def summary_markdown(r: dict[str, Any]) -> str:
   return '\n'.join(lines + pages.summary_links(r)) + '\n'
 
 
-def _cost_line(r: dict[str, Any]) -> str:
-  """Where the table's c and v come from."""
-  t, d = r['target_step_seconds'] * 1e3, r['draft_step_seconds'] * 1e3
-  source = r.get('cost_source') or {}
-  if source.get('c') == 'loops':
-    c = (
-      f"c = draft step / target step, each a plain decode's seconds per "
-      f'loop iteration in this run (draft {_f(d, 3)} ms, target {_f(t, 3)} '
-      'ms)'
-    )
-  else:
-    c = (
-      f'c timed apart from the loops (`costs.measure`; draft step '
-      f"{_f(d, 3)} ms at this run's target step {_f(t, 3)} ms)"
-    )
-  return (
-    f'Costs: {c}; v = (seconds per target call of the speculative loop '
-    '- its draft steps) / target step, from the same timed loops. So '
-    'Exp E[tok]/(γc+v) differs from Emp only where E[tokens] (iid α) '
-    'differs from the tokens per call the run produced.'
+def _ending_lines(r: dict[str, Any]) -> list[str]:
+  """The headline: outputs without EOS named, the speedup on the outputs
+  that end and on the rest, the prediction beside them (first γ)."""
+  e = r['by_ending']
+  n = e['no_eos']
+  lines = [
+    f'Outputs without EOS (reached max_decode_len {n["max_decode_len"]}): '
+    f'plain {n["plain"]} of {r["num_examples"]} '
+    f'({_f(n["plain_token_share"] * 100, 0)}% of plain output tokens), '
+    f'speculative {n["speculative"]} '
+    f'({_f(n["speculative_token_share"] * 100, 0)}%).',
+  ]
+  for name, label in (('ends', 'that end'), ('runs_out', 'that run out')):
+    g = e[name]
+    if g['examples']:
+      lo, hi = g['speedup_spread']
+      lines.append(
+        f'Outputs {label} ({g["examples"]}): **{_f(g["speedup_measured"])}x** '
+        f'(rounds {_f(lo)}-{_f(hi)}x), α {_f(g["alpha"])}, '
+        f'{_f(g["tokens_per_call"])} tokens per target call.'
+      )
+  lo, hi = r['speedup_spread']
+  lines.append(
+    f'All {r["num_examples"]}: {_f(r["speedup_measured"])}x (rounds '
+    f'{_f(lo)}-{_f(hi)}x); predicted from c and v timed apart: '
+    f'{_f(r["speedup_predicted"])}x (E[tok]/(γc+v)), '
+    f'{_f(r["speedup_predicted_theorem38"])}x (Theorem 3.8, v = 1).'
   )
+  return lines
+
+
+def _rounds_line(r: dict[str, Any]) -> str:
+  """How the decodes were timed."""
+  ratios = ', '.join(_f(x) + 'x' for x in r['speedup_rounds'])
+  return (
+    f"Timing: each batch's decodes (plain, speculative, the draft alone) "
+    f'and cost probes ran once per round, {len(r["speedup_rounds"])} '
+    "rounds in rotating order; Emp is the median of the rounds' plain / "
+    f'speculative seconds over the run ({ratios}).'
+  )
+
+
+def _cost_line(r: dict[str, Any]) -> str:
+  """Where the table's c and v come from, and what the loops add."""
+  a = r.get('costs_apart')
+  t = r['target_step_seconds'] * 1e3
+  if not a:
+    return 'Costs: no c and v timed apart for this run.'
+  where = (
+    'a target call on 1 and on k tokens and a draft step, each timed '
+    'alone (a compiled loop of '
+    f"{rounds_lib.PROBE_CALLS} calls) at each batch's encoder tokens and "
+    f"decode buffer, at its rows' mean decode position (here "
+    f'{_f(a["mean_position"], 1)}), in the rounds beside the decodes '
+    '(medians over rounds, batches weighted by their target calls)'
+    if a.get('rounds')
+    else a['source']
+  )
+  gamma = r['mean_gamma'] if r['gamma'] == 'auto' else r['gamma']
+  t_apart = a['target_step_seconds'] * 1e3
+  call = r['iteration_cost'] * t
+  call_apart = r['apart_cost'] * t_apart
+  line = (
+    f'Costs timed apart: {where}: target step {_f(t_apart, 3)} ms, draft '
+    f'step {_f(a["draft_step_seconds"] * 1e3, 3)} ms. The loops: a plain '
+    f'step {_f(t, 3)} ms ({_f((t / t_apart - 1) * 100, 0)}% over the call '
+    f'alone); a speculative iteration {_f(call, 3)} ms against '
+    f'{_f(call_apart, 3)} ms for its γ = {gamma if isinstance(gamma, int) else _f(gamma)} draft steps and target '
+    "call alone: the difference is the loops' own work (verify, commit, "
+    'rollback, the while loop) and host syncs, which the prediction leaves '
+    'out.'
+  )
+  if r.get('c_loops') is not None:
+    line += (
+      f' c from the loops (the draft decoding alone / the plain decode, per '
+      f'step): {_f(r["c_loops"], 3)}.'
+    )
+  return line
 
 
 def _gamma(s: dict[str, Any]) -> str:

@@ -68,6 +68,7 @@ This module also re-exports the names gin files and callers use through it
 
 import json
 import os
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -77,9 +78,11 @@ from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
 from spec_decode.eval import hosts as hosts_lib
 from spec_decode.eval import loading
+from spec_decode.eval import outcomes
 from spec_decode.eval import pages
 from spec_decode.eval import records as records_lib
 from spec_decode.eval import report
+from spec_decode.eval import rounds as rounds_lib
 from spec_decode.eval import settings as settings_lib
 from spec_decode.eval import task_data
 from spec_decode.parallel import memory
@@ -188,14 +191,13 @@ def evaluate(
     batch_done,
   )
 
-  # c and v for the report's predictions come from the run's own timed
-  # loops (`report.results`); a drafter that is not a language model (no
-  # loop of its own) and beam search are timed apart (`costs.measure`), for
-  # 'auto' at the γs the policy ran.
+  # c and v for the report's predictions are timed apart from the loops:
+  # by each batch's probes, in the rounds beside its decodes
+  # (`rounds.Probes`). Beam search (no chain prediction) and records of an
+  # older run have none: they are timed after the decodes
+  # (`costs.measure`), for 'auto' at the γs the policy ran.
   apart = hosts.share(
-    not all('draft_alone_seconds' in rec for rec in records)
-    if hosts.writer
-    else None
+    not all('probe' in rec for rec in records) if hosts.writer else None
   )
   costs = None
   if apart:
@@ -205,7 +207,13 @@ def evaluate(
   results = None
   if hosts.writer:
     results = report.results(
-      records, gammas, data.score, s.batch_size, costs, data.metric
+      records,
+      gammas,
+      data.score,
+      s.batch_size,
+      costs,
+      data.metric,
+      s.max_decode_len,
     )
     results.update(
       **s.reported(),
@@ -285,6 +293,7 @@ def _run_batches(
   exs, to_text = data.examples, data.decode
   done = len(records)
   batch_size = decode.settings.batch_size
+  max_len = decode.settings.max_decode_len
   bar = tqdm.tqdm(
     total=len(exs),
     initial=done,
@@ -299,11 +308,9 @@ def _run_batches(
       enc, seeds = hosts.batch(
         data.token_lists, lengths, indices, decode.settings
       )
-      plain, plain_s = decode(enc, seeds)
-      specs = {g: decode(enc, seeds, g) for g in gammas}
-      alone = (
-        decode.draft_alone(enc, seeds) if decode.decodes_draft_alone else None
-      )
+      done_rows = len(indices)
+      batch = _decode_batch(decode, enc, seeds, gammas, done_rows)
+      plain, specs, alone = batch['plain'], batch['specs'], batch['alone']
       if not hosts.writer:  # It lacks the other shares' text: process 0
         records.extend([None] * len(indices))  # builds the records.
         if on_batch_done is not None:
@@ -319,21 +326,27 @@ def _run_batches(
           'input_tokens': int(lengths[i]),
           'plain': to_text(tokens),
           'plain_tokens': tokens,
-          'plain_seconds': plain_s / len(indices),
+          'plain_ran_out': outcomes.ran_out(tokens, max_len),
+          **_seconds('plain_seconds', batch['plain_seconds'], done_rows),
           **decoding.plain_row_record(plain, r),
           'speculative': {},
         }
+        if batch['probe'] is not None:
+          rec['probe'] = batch['probe']
         if alone is not None:  # The draft's own decode: its step time.
-          rec['draft_alone_tokens'] = int(alone[0].lengths[r])
-          rec['draft_alone_seconds'] = alone[1] / len(indices)
-        for g, (out, secs) in specs.items():
+          rec['draft_alone_tokens'] = int(alone.lengths[r])
+          rec.update(
+            _seconds('draft_alone_seconds', batch['alone_seconds'], done_rows)
+          )
+        for g, out in specs.items():
           st = out.tokens[r, : out.lengths[r]].tolist()
           row = decoding.row_spec_record(out.stats, r, st, decode.width(g))
           rec['speculative'][str(g)] = dict(
             text=to_text(st),
             tokens=st,
             exact=decoding.same_output(plain, out, r),
-            seconds=secs / len(indices),
+            ran_out=outcomes.ran_out(st, max_len),
+            **_seconds('seconds', batch['spec_seconds'][g], done_rows),
             **row,
             **decoding.row_provenance(out, r, st),
           )
@@ -342,7 +355,7 @@ def _run_batches(
             totals['tested'] += row['tested']
             totals['tokens'] += len(st)
         new.append(rec)
-      totals['seconds'] += specs[gammas[0]][1]
+      totals['seconds'] += statistics.median(batch['spec_seconds'][gammas[0]])
       if path is not None:
         records_lib.append_records(path, new)
       records.extend(new)
@@ -355,6 +368,64 @@ def _run_batches(
         on_batch_done(len(records))
   finally:
     bar.close()
+
+
+def _decode_batch(
+  decode: decoding.Decoder,
+  enc: np.ndarray,
+  seeds: np.ndarray,
+  gammas: list[Any],
+  rows: int,
+) -> dict[str, Any]:
+  """A batch decoded plainly, speculatively at each γ and by the draft
+  alone, with the cost probes, in `timing_rounds` rotating rounds
+  (`rounds.run_rounds`; round 0 starts with the plain decode, whose
+  outputs place the probes).
+
+  Returns:
+    `{'plain', 'specs': {γ: output}, 'alone'` (None: no draft-alone
+    decode), `'plain_seconds'`, `'spec_seconds': {γ: [R]}`,
+    `'alone_seconds'` (seconds per round, whole batch), `'probe'` (the
+    records' probe entry; None for beam search)}.
+  """
+  first = {}
+
+  def plain():
+    out = decode(enc, seeds)
+    first.setdefault('plain', out[0])
+    return out
+
+  runs = {'plain': plain}
+  for g in gammas:
+    runs[f'speculative {g}'] = lambda g=g: decode(enc, seeds, g)
+  if decode.decodes_draft_alone:
+    runs['draft alone'] = lambda: decode.draft_alone(enc, seeds)
+  probes = decode.probes(enc, gammas)
+  if probes is not None:
+    runs.update(
+      probes.runs(
+        lambda: np.mean(np.asarray(first['plain'].lengths)[:rows]) / 2
+      )
+    )
+  outputs, seconds = rounds_lib.run_rounds(runs, decode.settings.timing_rounds)
+  alone = 'draft alone' in outputs
+  return {
+    'plain': outputs['plain'],
+    'specs': {g: outputs[f'speculative {g}'] for g in gammas},
+    'alone': outputs['draft alone'] if alone else None,
+    'plain_seconds': seconds['plain'],
+    'spec_seconds': {g: seconds[f'speculative {g}'] for g in gammas},
+    'alone_seconds': seconds['draft alone'] if alone else None,
+    'probe': None if probes is None else probes.record(seconds),
+  }
+
+
+def _seconds(key: str, rounds: list[float], rows: int) -> dict[str, Any]:
+  """A row's share of a batch's seconds: `key` the median over rounds,
+  `key_rounds` each round's (a batch's seconds split evenly over its
+  rows: at batch 1, the example's own)."""
+  per_row = [s / rows for s in rounds]
+  return {key: statistics.median(per_row), f'{key}_rounds': per_row}
 
 
 def _gammas_run(records: list[dict[str, Any]]) -> list[int]:

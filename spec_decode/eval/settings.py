@@ -282,7 +282,13 @@ class EvalSettings:
       TFDS data directory of seqio tasks (None: the default).
     target_name: label of the target in the report (None: its size).
     draft_name: label of the draft in the report.
-    timing_repeats: repeats of each step-time measurement (medians).
+    timing_repeats: repeats of each step-time measurement timed after the
+      decodes (`costs.measure`: beam search, records of an older run).
+    timing_rounds: rounds of each batch's timed work (`eval/rounds.py`):
+      its plain, speculative and draft-alone decodes and its cost probes
+      run once per round, in rotating order; the speedup is the median of
+      the rounds' ratios, with their spread. Each round adds about one
+      run's decoding time.
     max_auto_gamma: the largest γ `gamma='auto'` considers (>= 1); with
       `decode_method='beam'`, the draft-tree depth of the speculative calls
       (each iteration is a plain beam step or such a call; set it to 2,
@@ -307,6 +313,7 @@ class EvalSettings:
   target_name: str | None = None
   draft_name: str | None = None
   timing_repeats: int = 5
+  timing_rounds: int = 3
   max_auto_gamma: int = 8
   task_feature_lengths: dict[str, int] | None = None
   mixture_or_task_module: str | Sequence[str] | None = None
@@ -367,6 +374,7 @@ class EvalSettings:
       'target_name': _text('target_name', self.target_name, True),
       'draft_name': _text('draft_name', self.draft_name, True),
       'timing_repeats': _int('timing_repeats', self.timing_repeats, 1),
+      'timing_rounds': _int('timing_rounds', self.timing_rounds, 1),
       'max_auto_gamma': _int('max_auto_gamma', self.max_auto_gamma, 1),
     }
     # Checked here, resolved by `method`: the field keeps what was given

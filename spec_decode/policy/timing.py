@@ -73,6 +73,28 @@ def repeated_score(model, state, num_tokens: int, calls: int, attention=None):
   return lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
 
 
+@functools.partial(jax.jit, static_argnames=('length',))
+def state_at(model, encoder_tokens, length: int, position):
+  """A decoding state of `length` positions for `encoder_tokens [B, S]`
+  whose rows stand at decode position `position` (a traced int: one
+  program serves every position). The cache holds zeros before it: a
+  score call costs the same whatever the cache holds, and the loops'
+  calls attend over the whole buffer under a mask."""
+  state = model.init_state(encoder_tokens, length)
+  rows = encoder_tokens.shape[0]
+  return model.rollback(state, jnp.full((rows,), position, jnp.int32))
+
+
+def score_call_seconds(model, state, num_tokens: int, calls: int) -> float:
+  """Seconds of one in-loop score call of `num_tokens` tokens per row, from
+  one timed run of `calls` calls (`repeated_score`). The caller compiles
+  first (an untimed call) and repeats it in its own order (the eval's
+  rotating rounds) instead of taking a median here."""
+  t0 = time.perf_counter()
+  jax.block_until_ready(repeated_score(model, state, num_tokens, calls))
+  return (time.perf_counter() - t0) / calls
+
+
 @functools.partial(jax.jit, static_argnames=('gamma', 'calls'))
 def _repeated_iterations(target, draft, states, gamma: int, calls: int):
   """`calls` rounds of one target call over gamma + 1 tokens then gamma draft

@@ -133,6 +133,7 @@ DRAFT_FLAGS = [
   f'--gin.DRAFT_CHECKPOINT={DRAFT}',
   '--gin.GAMMA=3',
   '--gin.TIMING_REPEATS=1',
+  '--gin.TIMING_ROUNDS=1',
   '--no_progress',
 ]
 

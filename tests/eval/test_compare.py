@@ -20,6 +20,7 @@ SETTINGS = eval_lib.EvalSettings(
   max_decode_len=12,
   max_input_len=32,
   timing_repeats=1,
+  timing_rounds=1,
   gamma=3,
 )
 RUN = dict(settings=SETTINGS, progress=False)

@@ -15,6 +15,7 @@ import pytest
 from spec_decode.chain import auto_costs
 from spec_decode.eval import cli
 from spec_decode.eval import decoding
+from spec_decode.eval import report
 from spec_decode.eval import run as eval_lib
 from spec_decode.policy import cost_cache
 
@@ -25,6 +26,7 @@ SETTINGS = eval_lib.EvalSettings(
   max_decode_len=12,
   max_input_len=32,
   timing_repeats=1,
+  timing_rounds=1,
   gamma='auto',
   max_auto_gamma=3,
 )
@@ -77,11 +79,7 @@ def _state(path):
 
 
 def _untimed(rec):
-  rec = dict(rec, plain_seconds=None, draft_alone_seconds=None)
-  rec['speculative'] = {
-    g: dict(s, seconds=None) for g, s in rec['speculative'].items()
-  }
-  return rec
+  return report.strip_timings(rec)
 
 
 def test_auto_run_decodes_with_the_policy_and_reports_it(
@@ -116,12 +114,12 @@ def test_auto_run_decodes_with_the_policy_and_reports_it(
   assert r['target_calls'] == r['plain_target_calls']
   assert (r['mean_gamma'], r['draft_calls'], r['tokens_per_call']) == (0, 0, 1)
   assert sum(r['accepted_histogram']) == 0  # No drafting iteration.
-  assert r['v_of_k'] == {'1': 1.0}  # An auto run's v is its mean_v.
-  assert r['cost_source'] == {'c': 'loops', 'v': 'loops'}
-  # Gamma 0 throughout, one token per call: v is the loop's seconds per
-  # call over the plain loop's, so the prediction is the measurement.
-  assert r['mean_v'] == r['v']
-  assert r['speedup_predicted'] == pytest.approx(r['speedup_measured'])
+  # The probes timed a target call on 1..4 tokens (every γ the policy may
+  # run); γ 0 throughout, so the schedule's mean v is v(1) = 1 and the
+  # prediction is plain decoding's speed.
+  assert set(r['v_of_k']) == {'1', '2', '3', '4'}
+  assert r['mean_v'] == r['v'] == 1.0
+  assert r['speedup_predicted'] == pytest.approx(1.0)
   policy = r['gamma_policy']
   assert (policy['policy'], policy['max_gamma']) == ('finish_time', 3)
   [model] = policy['cost_models']
@@ -209,7 +207,8 @@ def test_an_interrupted_auto_run_resumes_to_the_same_results(
   # The schedule is the policy's, not one γ: this cost model mixes them.
   ran = [g for g, n in enumerate(full['gamma_iterations']) if n]
   assert len(ran) >= 2
-  assert full['v_of_k'] == {'1': 1.0}
+  # The probes timed v(k) for every γ the policy may run (k = 1..4).
+  assert set(full['v_of_k']) == {'1', '2', '3', '4'}
   assert full['exact_match_fraction'] == 1.0
   assert (
     resumed['gamma_policy']['cost_models'][0]['iteration_seconds']

@@ -83,7 +83,7 @@ def _settings(beam):
 
 
 def test_beam_report_counts_steps_not_tokens():
-  r = report.results(_records(True), [2], _score, 2, COSTS, 'bleu')
+  r = report.results(_records(True), [2], _score, 2, COSTS, 'bleu', 16)
   r.update(_settings(True))
   # Plain beam search: one call per step, the batch's longest row.
   assert r['plain_target_calls'] == 12
@@ -105,12 +105,12 @@ def test_beam_report_counts_steps_not_tokens():
 
 def test_greedy_report_is_unchanged():
   """Negative control: records without steps report as before."""
-  r = report.results(_records(False), [2], _score, 2, COSTS, 'bleu')
+  r = report.results(_records(False), [2], _score, 2, COSTS, 'bleu', 16)
   r.update(_settings(False))
   assert r['plain_target_calls'] == 5  # the longest row's tokens
   assert 'steps_per_call' not in r and 'plain_steps' not in r
   text = report.summary_markdown(r)
-  assert 'Exp (Thm 3.8)' in text and 'tokens/target call' in text
+  assert 'Exp Thm 3.8 (v = 1)' in text and 'tokens/target call' in text
   assert 'steps/call' not in text
 
 

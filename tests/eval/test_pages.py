@@ -101,7 +101,39 @@ def test_page_has_every_example_its_figures_and_escapes_text():
   assert 'differs from plain decoding' in page  # Example 1.
   assert 'src="accepted_histogram.png"' in page
   assert 'src="position_acceptance.png"' in page
-  assert 'predicted E[tok]/(γc+v) 1.50x' in page
+  assert 'timed apart: E[tok]/(γc+v) 1.50x' in page
+  assert 'NO EOS' not in page  # Neither record ran out.
+
+
+def test_page_names_outputs_without_eos_and_the_speedup_on_the_rest():
+  ran_out = _record(2, [10] * 6, [A | S] + [A] * 5, [])
+  ran_out['plain_ran_out'] = True
+  ran_out['speculative']['4']['ran_out'] = True
+  by_ending = {
+    'no_eos': {
+      'max_decode_len': 6,
+      'plain': 1,
+      'plain_token_share': 0.3,
+      'speculative': 1,
+      'speculative_token_share': 0.3,
+    },
+    'ends': {
+      'examples': 2,
+      'alpha': 0.6,
+      'tokens_per_call': 2.0,
+      'speedup_measured': 1.1,
+      'speedup_spread': [1.0, 1.2],
+    },
+    'runs_out': {'examples': 1},
+  }
+  r = dict(RESULTS, num_examples=3, by_ending=by_ending)
+  page = pages.page(r, [*RECORDS, ran_out], _decode)
+  # One marker, on the example that ran out; the head names the count,
+  # the token share and the figures on the outputs that end.
+  assert page.count('NO EOS: plain and speculative output ran') == 1
+  assert page.index('NO EOS: plain') > page.index('#1 ·')
+  assert 'plain 1 of 3, 30% of plain output tokens' in page
+  assert 'On the 2 outputs that end: speedup 1.10x (rounds 1.00-1.20x)' in page
 
 
 def test_beam_page_shows_steps_per_call():

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 
 from spec_decode import gin_cli
@@ -33,6 +34,7 @@ SETTINGS = eval_lib.EvalSettings(
   max_decode_len=12,
   max_input_len=32,
   timing_repeats=1,
+  timing_rounds=2,
 )
 RUN = dict(progress=False, print_summary=False)
 
@@ -67,11 +69,7 @@ def _lines(path):
 
 
 def _strip_record_timings(rec):
-  rec = dict(rec, plain_seconds=None, draft_alone_seconds=None)
-  rec['speculative'] = {
-    g: dict(s, seconds=None) for g, s in rec['speculative'].items()
-  }
-  return rec
+  return report.strip_timings(rec)
 
 
 def test_smoke_run_writes_every_file_and_field(full_run):
@@ -99,14 +97,32 @@ def test_smoke_run_writes_every_file_and_field(full_run):
   assert len(r['accepted_histogram']) == 3
   assert len(r['per_position_acceptance']) == 2
   assert r['draft_calls'] == 2 * r['target_calls']
-  # c and v from the run's loops (tiny models: loop overhead dominates, and
-  # v may come out below zero; γc + v is what the loop measured).
-  assert r['cost_source'] == {'c': 'loops', 'v': 'loops'}
-  assert r['c'] > 0 and r['iteration_cost'] > 0 and r['speedup_measured'] > 0
-  assert r['iteration_cost'] == pytest.approx(2 * r['c'] + r['v'])
+  # c and v timed apart by the batches' probes, in the same 2 rounds as
+  # the decodes; the run's own cost per call is reported beside them.
+  a = r['costs_apart']
+  assert a['source'] == 'probes interleaved with the decodes'
+  assert a['rounds'] == 2 and set(a['v_of_k']) == {'1', '3', '4'}
+  assert r['c'] == a['c'] > 0 and r['v'] == a['v_of_k']['3'] > 0
+  assert r['c_loops'] > 0 and r['iteration_cost'] > 0
+  assert r['apart_cost'] == pytest.approx(2 * r['c'] + r['v'])
+  assert r['cost_gap'] == pytest.approx(r['iteration_cost'] - r['apart_cost'])
   assert r['speedup_predicted'] == pytest.approx(
-    r['expected_tokens_per_call'] / r['iteration_cost']
+    r['expected_tokens_per_call'] / r['apart_cost']
   )
+  assert r['speedup_predicted_theorem38'] == pytest.approx(
+    r['expected_tokens_per_call'] / (2 * r['c'] + 1)
+  )
+  # The measured speedup: the median of 2 rounds' whole-run ratios.
+  assert len(r['speedup_rounds']) == 2 and r['speedup_measured'] > 0
+  assert r['speedup_measured'] == pytest.approx(np.median(r['speedup_rounds']))
+  assert r['speedup_spread'] == [
+    min(r['speedup_rounds']),
+    max(r['speedup_rounds']),
+  ]
+  # Outputs that end and outputs that run out: every example in one group.
+  e = r['by_ending']
+  assert e['ends']['examples'] + e['runs_out']['examples'] == 5
+  assert e['no_eos']['plain'] == e['runs_out']['examples']  # greedy: same
   assert [s['gamma'] for s in r['sweep']] == [2, 3]
   assert r['sweep'][0]['alpha'] == r['alpha']
 

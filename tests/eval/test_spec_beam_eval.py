@@ -21,6 +21,7 @@ SETTINGS = eval_lib.EvalSettings(
   max_decode_len=8,
   max_input_len=32,
   timing_repeats=1,
+  timing_rounds=1,
   decode_method='beam',
   num_beams=2,
   gamma=2,
