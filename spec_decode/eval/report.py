@@ -580,7 +580,7 @@ def _cost_line(r: dict[str, Any]) -> str:
     if a.get('rounds')
     else a['source']
   )
-  gamma = r['mean_gamma'] if r['gamma'] == 'auto' else r['gamma']
+  g = _f(r['mean_gamma']) if r['gamma'] == 'auto' else str(r['gamma'])
   t_apart = a['target_step_seconds'] * 1e3
   call = r['iteration_cost'] * t
   call_apart = r['apart_cost'] * t_apart
@@ -589,7 +589,7 @@ def _cost_line(r: dict[str, Any]) -> str:
     f'step {_f(a["draft_step_seconds"] * 1e3, 3)} ms. The loops: a plain '
     f'step {_f(t, 3)} ms ({_f((t / t_apart - 1) * 100, 0)}% over the call '
     f'alone); a speculative iteration {_f(call, 3)} ms against '
-    f'{_f(call_apart, 3)} ms for its γ = {gamma if isinstance(gamma, int) else _f(gamma)} draft steps and target '
+    f'{_f(call_apart, 3)} ms for its γ = {g} draft steps and target '
     "call alone: the difference is the loops' own work (verify, commit, "
     'rollback, the while loop) and host syncs, which the prediction leaves '
     'out.'

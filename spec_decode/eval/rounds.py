@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode.core import drafter as drafter_lib
 from spec_decode.core import decode_settings as settings_lib
+from spec_decode.core import drafter as drafter_lib
 from spec_decode.policy import timing
 
 # Score calls per probe measurement: one compiled loop of this many calls
