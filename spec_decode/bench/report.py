@@ -117,6 +117,25 @@ def profile_markdown(p: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
+def _no_eos_line(r: dict[str, Any]) -> str:
+  """What the controlled rows decode: outputs without EOS, counted."""
+  if 'plain_no_eos' not in r:
+    return 'Outputs without EOS: not counted by this run.'
+  rows = [(r['plain_no_eos'], r['plain_rows'])] + [
+    (b['no_eos'], int(k))
+    for k, b in r.get('batch', {}).items()
+    if 'no_eos' in b
+  ]
+  n, total = sum(x for x, _ in rows), sum(t for _, t in rows)
+  return (
+    f'Outputs without EOS (ran to max_decode_len): {n} of {total} rows '
+    '(this section and "Batch size"). The random-weight target rarely emits '
+    'EOS, so these decodes run their full length by design; acceptance is '
+    "set by the controlled draft, not by the text's repetitions (the eval "
+    'reports such outputs apart).'
+  )
+
+
 def to_markdown(r: dict[str, Any]) -> str:
   lines = [
     '## Plain decoding efficiency',
@@ -138,6 +157,8 @@ def to_markdown(r: dict[str, Any]) -> str:
     f'c (draft step / target step) = {r["c"]:.3f}',
     '',
     '## Speculative vs plain (controlled acceptance, batch 1)',
+    '',
+    _no_eos_line(r),
     '',
     '| alpha | gamma | alpha measured | tokens/call | measured | '
     'predicted E/(γc+v) | ratio | measured (loop) | ratio (loop) | '

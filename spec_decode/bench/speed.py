@@ -218,6 +218,17 @@ def timed_speculative(
   return seconds, out
 
 
+def no_eos_rows(out: sd.GenerateOutput, max_decode_len: int) -> int:
+  """Rows of `out` that reached `max_decode_len` without EOS. The bench's
+  random-weight targets rarely emit EOS, so its decodes run their full
+  length by design; the eval reports such outputs apart
+  (`eval/outcomes.py`), and the bench counts them so that its tables say
+  what they time."""
+  lengths = np.asarray(out.lengths)
+  last = np.asarray(out.tokens)[np.arange(len(lengths)), lengths - 1]
+  return int(((lengths >= max_decode_len) & (last != sd.EOS_ID)).sum())
+
+
 def inputs(batch: int, seed: int = 0) -> np.ndarray:
   rng = np.random.default_rng(seed)
   return rng.integers(3, 1000, (batch, 24)).astype(np.int32)
@@ -334,6 +345,8 @@ def decode_sections(
     cfg, target, draft_net, enc, plain, plain_time, reference, t_times, d_times
   )
   results = dict(
+    plain_no_eos=no_eos_rows(plain, m),
+    plain_rows=int(plain.lengths.shape[0]),
     plain_seconds=plain_time,
     plain_step_seconds=step_time,
     plain_weight_read_gb_s=step_bytes / step_time / 1e9,
@@ -438,11 +451,12 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     enc = inputs(b, seed=b)
     ref = sd.generate(target, enc, max_decode_len=m + gamma + 2)
     draft = controlled_draft(draft_net, ref.tokens, 0.8)
-    pt, _ = timed_generate(
+    pt, plain = timed_generate(
       cfg.repeats, model=target, encoder_tokens=enc, max_decode_len=m
     )
     st, _ = timed_speculative(cfg.repeats, target, enc, draft, gamma, m)
     batch_rows[str(b)] = dict(
+      no_eos=no_eos_rows(plain, m),
       plain_tokens_per_s=b * m / pt,
       speculative_tokens_per_s=b * m / st,
       speedup=pt / st,
