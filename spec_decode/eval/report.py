@@ -292,8 +292,24 @@ def _gamma_results(
     'speedup_predicted': expected / apart_cost,
     'speedup_predicted_theorem38': expected / (mean_gamma * c + 1.0),
     'speedup_predicted_from_tokens': tokens_per_call / apart_cost,
-    'by_ending': outcomes.by_ending(records, key, max_decode_len),
+    'by_ending': _predicted_by_ending(
+      outcomes.by_ending(records, key, max_decode_len), gamma, c, apart_cost
+    ),
   }
+
+
+def _predicted_by_ending(by_ending, gamma, c, apart_cost):
+  """Each group's predictions: its own α in E[tokens] with the run's c
+  and v timed apart (a fixed γ; an auto-γ schedule's mix is the run's, so
+  its groups get none)."""
+  for name in ('ends', 'runs_out'):
+    group = by_ending[name]
+    if gamma == 'auto' or not group['examples']:
+      continue
+    expected = float(theory.expected_tokens(group['alpha'], gamma))
+    group['speedup_predicted'] = expected / apart_cost
+    group['speedup_predicted_theorem38'] = expected / (gamma * c + 1.0)
+  return by_ending
 
 
 def results(
@@ -457,21 +473,22 @@ def summary_markdown(r: dict[str, Any]) -> str:
     )
   lines += [
     '',
-    '| γ | outputs | examples | α | tokens/target call | Emp (median of '
-    'rounds) | Emp spread |',
-    '|---|---|---|---|---|---|---|',
+    '| γ | outputs | examples | α | tokens/target call | Exp E[tok]/(γc+v) '
+    '| Emp (median of rounds) | Emp spread |',
+    '|---|---|---|---|---|---|---|---|',
   ]
   for s in rows:
     for name, label in (('ends', 'end (EOS)'), ('runs_out', 'run out')):
       g = s['by_ending'][name]
       if not g['examples']:
-        lines.append(f'| {_gamma(s)} | {label} | 0 | - | - | - | - |')
+        lines.append(f'| {_gamma(s)} | {label} | 0 | - | - | - | - | - |')
         continue
       lo, hi = g['speedup_spread']
       lines.append(
         f'| {_gamma(s)} | {label} | {g["examples"]} | {_f(g["alpha"])} | '
-        f'{_f(g["tokens_per_call"])} | {_f(g["speedup_measured"])}x | '
-        f'{_f(lo)}-{_f(hi)}x |'
+        f'{_f(g["tokens_per_call"])} | '
+        f'{_opt(g.get("speedup_predicted"))}x | '
+        f'{_f(g["speedup_measured"])}x | {_f(lo)}-{_f(hi)}x |'
       )
   lines += [
     '',
@@ -538,9 +555,15 @@ def _ending_lines(r: dict[str, Any]) -> list[str]:
     g = e[name]
     if g['examples']:
       lo, hi = g['speedup_spread']
+      predicted = (
+        f', predicted {_f(g["speedup_predicted"])}x (E[tok]/(γc+v), '
+        f'{_f(g["speedup_predicted_theorem38"])}x Theorem 3.8, v = 1)'
+        if 'speedup_predicted' in g
+        else ''
+      )
       lines.append(
         f'Outputs {label} ({g["examples"]}): **{_f(g["speedup_measured"])}x** '
-        f'(rounds {_f(lo)}-{_f(hi)}x), α {_f(g["alpha"])}, '
+        f'(rounds {_f(lo)}-{_f(hi)}x){predicted}, α {_f(g["alpha"])}, '
         f'{_f(g["tokens_per_call"])} tokens per target call.'
       )
   lo, hi = r['speedup_spread']

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from spec_decode import theory
 from spec_decode.core import ids
 from spec_decode.eval import outcomes
 from spec_decode.eval import report
@@ -44,7 +45,7 @@ def _record(index, tokens, iterations, plain_rounds, spec_rounds, probe):
         'position_tries': [iterations, iterations],
         'position_accepts': [iterations - 0, accepted],
         'tested': 2 * iterations,
-        'beta_sum': float(iterations + accepted),
+        'beta_sum': float(accepted),
         'alpha': 0.5,
         'proposed': 2 * iterations,
       }
@@ -116,8 +117,14 @@ def test_outputs_that_run_out_are_counted_and_reported_apart():
   assert ends['tokens_per_call'] == 2.0 and out['tokens_per_call'] == 8 / 3
   assert ends['speedup_measured'] == pytest.approx(1.0)  # 4.0 / 4.0
   assert out['speedup_measured'] == pytest.approx(4.0)  # 8.0 / 2.0
-  assert ends['alpha'] == pytest.approx((2 + 2) / 4)
-  assert out['alpha'] == pytest.approx((3 + 5) / 6)
+  assert ends['alpha'] == pytest.approx(2 / 4)
+  assert out['alpha'] == pytest.approx(5 / 6)
+  # Each group's prediction: its own α with the run's c and v.
+  r = _results(_records())
+  for group in ('ends', 'runs_out'):
+    g = r['by_ending'][group]
+    expected = theory.expected_tokens(g['alpha'], 2)
+    assert g['speedup_predicted'] == pytest.approx(expected / r['apart_cost'])
 
 
 def test_a_speculative_output_that_runs_out_puts_its_example_there():
