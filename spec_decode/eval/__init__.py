@@ -4,6 +4,8 @@ settings.py   EvalSettings: what a run decodes and how, checked when built
 task_data.py  a task split as a run uses it: our readers or seqio's tasks
 loading.py    load_model, task_vocabulary; how a run names its models
 decoding.py   batches decoded and timed; the step costs c and v
+rounds.py     each batch's decodes and cost probes in rotating rounds
+outcomes.py   outputs that end vs outputs that run out (no EOS)
 records.py    the run's files, written crash-safely; resume
 report.py     results.json's numbers, summary.md
 plots.py      the plots (acceptance histogram, per position, speedup vs γ)

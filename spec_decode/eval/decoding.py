@@ -6,8 +6,9 @@ shape once untimed first, so that walltimes exclude compile time (and, for
 γ = `AUTO`, the policy's cost measurement, which `Decoder.cost_models`
 keeps);
 `Decoder.draft_alone` decodes a batch with the draft alone (its timed loop
-gives the draft's step time, so that the report's c and v come from the
-run's own loops); `batch_arrays` pads a batch of tokenized inputs to a
+gives the report's `c_loops`); `Decoder.probes` builds a batch's cost
+probes (`rounds.Probes`: the c and v of the predictions, timed apart);
+`batch_arrays` pads a batch of tokenized inputs to a
 bucketed width; `row_spec_record` reads one row's acceptance counts from
 `SpecStats` and `row_provenance` its tokens' provenance; `measure_costs`
 times draft and target steps apart from the loops (`costs.measure`: a

@@ -14,11 +14,16 @@ and exact means equal beams, lengths and scores. The chain model's
 predictions (Theorem 3.8, E[tokens] / (γc + v)) stay in results.json but
 are not shown for them: c and v are a chain's costs.
 
-c and v come from the run's own timed loops (`_step_costs`,
-`_gamma_results`): c is the draft's plain decode's seconds per loop
-iteration over the target's, and v a speculative iteration's seconds less
-its draft steps, over the target's plain step; so the predicted and the
-measured speedup of one run can be compared.
+The measured speedup is the median over timing rounds of the run's plain
+over speculative seconds (`rounds.speedups`), with its spread. c and v come
+from cost probes timed apart from the loops, beside them in the same rounds
+(`_probe_costs`, `rounds.Probes`), so the predictions can be wrong; the
+cost per call the run itself implies (`iteration_cost`: the speculative
+loop's seconds per target call over the plain loop's step) is reported
+beside them, with the difference (`cost_gap`). Outputs that reach
+max_decode_len without EOS are counted, and every figure is given apart for
+the outputs that end and those that run out (`by_ending`,
+`eval/outcomes.py`).
 
 Auto-γ runs (`gamma='auto'`, records keyed `'auto'`): γ varies per
 iteration, so the predictions are those of the schedule the policy ran,

@@ -9,19 +9,21 @@ loads or compiles. One run:
    a built-in task's `prefix + source` tokenized with the target's
    vocabulary, or a seqio task's or mixture's examples as its preprocessors
    make them (`eval/task_data.py`);
-2. decodes every batch twice with the same per-example seeds (seed + example
-   index): plainly with the target, then speculatively with the draft, for
-   each γ of the run. Each new input shape is decoded once untimed first
-   (compilation), so walltimes exclude compile time (`eval/decoding.py`);
-3. decodes every batch with the draft alone too (timed like the others),
-   so that c (draft step / target step) and v (a speculative iteration's
-   target call over a plain step) come from the run's own timed loops
-   (`report._step_costs`); a drafter that is not a language model has no
-   loop of its own, and c is then timed apart (`costs.measure`, through
-   `propose`);
+2. decodes every batch plainly with the target and speculatively with the
+   draft (for each γ of the run), with the same per-example seeds (seed +
+   example index), and with the draft alone; each new input shape is
+   decoded once untimed first (compilation), so walltimes exclude compile
+   time (`eval/decoding.py`);
+3. times those decodes and the batch's cost probes (a target call on 1
+   and on γ+1 tokens, a draft step, each on its own at the batch's shapes)
+   in `timing_rounds` rounds of rotating order (`eval/rounds.py`): the
+   speedup is the median of the rounds' ratios, and c and v, timed apart
+   from the loops, give a prediction that can miss the measurement;
 4. reports quality (BLEU or ROUGE; a seqio task's own metrics) of both
    decodes, exactness (the fraction of examples whose speculative tokens
-   equal the plain ones), alpha,
+   equal the plain ones), the outputs that ran to max_decode_len without
+   EOS and every figure apart for them and the rest (`eval/outcomes.py`),
+   alpha,
    the accepted-length histogram, per-position acceptance, calls, the
    measured speedup and the predictions of Theorem 3.8 and of
    E[tokens] / (γc + v), as in the paper's Table 4 (`eval/report.py`).

@@ -60,11 +60,18 @@ def test_compare_runs_every_combination_and_labels_them(models, tmp_path):
   copy_rows = [r for r in rows if r['drafter'] == 'copy']
   assert all(r['mean_proposed'] <= 3 for r in copy_rows)
   assert all(r['c'] > 0 for r in rows)  # Measured, not assumed.
+  # Outputs without EOS counted, the speedup on the rest beside them.
+  for r in rows:
+    # (Sampled, a plain output that ends can have a speculative one that
+    # runs out: the example then counts as running out.)
+    assert 0 <= r['examples_ending'] <= 4 - r['no_eos']
+    assert (r['speedup_ends'] is None) == (r['examples_ending'] == 0)
   with open(os.path.join(out, compare.COMPARISON_JSON)) as f:
     assert json.load(f) == json.loads(json.dumps(rows))
   with open(os.path.join(out, compare.COMPARISON_MD)) as f:
     table = f.read()
   assert '| bigram | 0 | 1 | - | 3 |' in table
+  assert '| no EOS (plain) | speedup on outputs that end (x) |' in table
   assert '100% identical' in table and 'exact (Algorithm 1)' in table
 
 
