@@ -12,9 +12,13 @@ modules, bottom to top of the layering (tests/test_layout.py):
   chain/        plain, fixed-gamma and gamma='auto' loops; `generate`
   check/        is a target/draft pair exact? (`sd.verify`)
   kernels/      the small-K CPU matmul called through XLA's FFI
+  layers/       what both network families use: blocked float32 dots, the
+                slot layouts (causal, tree) of a decoder call
   t5/           T5Config, the network with T5X's names, cache, vocabulary
+  t5gemma/      T5Gemma and T5Gemma 2: config, network (RoPE, GQA, sliding
+                and global layers, soft-caps), a ring-buffer cache
   checkpoints/  checkpoint formats: ours (orbax), Hugging Face, T5X
-  models/       `Model` (a T5 behind the protocol) and `TableLM`
+  models/       `Model` (a T5 behind the protocol), `T5GemmaModel`, `TableLM`
   parallel/     partitioning (logical axis rules), multi-host, memory
   drafters/     n-gram, copy, Medusa heads, feature (EAGLE-style) and
                 early-exit drafts, hierarchical drafters

@@ -10,7 +10,7 @@ collection `'packed'`. It is built when the model is constructed, if
 `config.cpu_kernel` is on, the default backend is the CPU and the kernel
 library is available (`SPEC_DECODE_KERNEL=0` turns it off), or explicitly
 by `pack_for_cpu()`. Only decoding (`init_state`/`score`) uses it; teacher
-forcing and the encoder (many rows at once) keep XLA's dot (`t5/dot.py`).
+forcing and the encoder (many rows at once) keep XLA's dot (`layers/dot.py`).
 The parameter tree, and so every checkpoint, keeps the canonical layout.
 """
 
