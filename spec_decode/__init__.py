@@ -45,6 +45,7 @@ from spec_decode.core.rejection import ExactVerifier
 from spec_decode.core.rejection import VerifyResult
 from spec_decode.core.sampling import Sampler
 from spec_decode.models.t5_model import Model
+from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.models.table_lm import TableLM
 from spec_decode.parallel import multihost
 from spec_decode.parallel.partitioning import Partitioner
@@ -53,6 +54,8 @@ from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import UNK_ID
 from spec_decode.t5.config import T5Config
 from spec_decode.t5.vocab import Vocabulary
+from spec_decode.t5gemma.config import StackConfig
+from spec_decode.t5gemma.config import T5GemmaConfig
 
 __all__ = [
   'BeamSearchOutput',
@@ -67,7 +70,10 @@ __all__ = [
   'Partitioner',
   'Sampler',
   'SpecStats',
+  'StackConfig',
   'T5Config',
+  'T5GemmaConfig',
+  'T5GemmaModel',
   'UNK_ID',
   'TableLM',
   'VerifyResult',
