@@ -154,8 +154,7 @@ def config_from_hf(hf: dict[str, Any], what: str) -> T5GemmaConfig:
       enc = enc['text_config']
     for side in (enc, dec):
       if side.get('eos_token_id', 1) not in (1, [1], None) and not (
-        isinstance(side.get('eos_token_id'), list)
-        and 1 in side['eos_token_id']
+        isinstance(side.get('eos_token_id'), list) and 1 in side['eos_token_id']
       ):
         raise CheckpointError(f'{what}: eos_token_id is not 1')
       if side.get('bos_token_id', 2) != 2 or side.get('pad_token_id', 0):
@@ -259,7 +258,7 @@ def check_vocabulary(vocab, config: T5GemmaConfig, what: str) -> None:
   if ids > rows or rows - ids >= 128:
     raise CheckpointError(
       f'{what}: the vocabulary {vocab!r} has {ids} ids but the model '
-      f'{rows} embedding rows: not this model\'s vocabulary'
+      f"{rows} embedding rows: not this model's vocabulary"
     )
 
 
@@ -321,9 +320,7 @@ def read(
   ignored = {'model.decoder.embed_tokens.weight', 'lm_head.out_proj.weight'}
   ignored.add('model.decoder.embed_tokens.eoi_embedding')
   extra = sorted(
-    k
-    for k in keys - used - ignored
-    if not k.startswith(_SKIPPED_PREFIXES)
+    k for k in keys - used - ignored if not k.startswith(_SKIPPED_PREFIXES)
   )
   if extra:
     problems.append(f'unexpected tensors {extra[:5]}')
@@ -337,4 +334,3 @@ def read(
     flat[ours] = np.ascontiguousarray(to_dtype(arr, config.param_dtype))
   params = flax.traverse_util.unflatten_dict(flat, sep='/')
   return config, jax.tree.map(jax.numpy.asarray, params), vocab
-

@@ -25,8 +25,8 @@ import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode.models.packing import pack_decoder
-from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.models.packing import rounded_for_drafting
+from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import PAD_ID

@@ -44,7 +44,9 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = _param(self, 'scale', nn.initializers.zeros, (x.shape[-1],), (None,))
+    scale = _param(
+      self, 'scale', nn.initializers.zeros, (x.shape[-1],), (None,)
+    )
     x32 = x.astype(jnp.float32)
     var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
     y = x32 * jax.lax.rsqrt(var + self.eps)

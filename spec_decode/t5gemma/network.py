@@ -293,9 +293,7 @@ class Decoder(nn.Module):
     """
     cfg, s = self.config, self.config.decoder
     b, t = tokens.shape
-    q_pos, new_slots, tables, visible = self_visibility(
-      cfg, cache, b, t, tree
-    )
+    q_pos, new_slots, tables, visible = self_visibility(cfg, cache, b, t, tree)
     tokens = jnp.where(q_pos == 0, cfg.bos_id, tokens)
     rotary = _rotary(s, q_pos)
     cross_visible = cross.encoder_valid[:, None, None, :]

@@ -12,9 +12,7 @@ def inverse_frequencies(rope: Rope, head_dim: int) -> np.ndarray:
   """`[Dh / 2] float32`: `1 / theta ** (2i / Dh)`, divided by the linear
   scaling factor. Computed in float32, as transformers computes them, so
   that angles (and near-tie argmaxes) follow its float32 run."""
-  exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(
-    head_dim
-  )
+  exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
   inv = np.float32(1.0) / (np.float32(rope.theta) ** exponents)
   return (inv / np.float32(rope.factor)).astype(np.float32)
 
