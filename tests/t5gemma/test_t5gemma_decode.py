@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _t5gemma_util import ENCODER
-from _t5gemma_util import V
 from _t5gemma_util import WINDOW
+from _t5gemma_util import V
 from _t5gemma_util import hf_model
 from _t5gemma_util import save
 
