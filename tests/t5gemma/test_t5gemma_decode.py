@@ -66,6 +66,17 @@ def test_speculative_chain_equals_plain(models, draft_kind):
     assert out.stats.target_calls < LENGTH / 2
 
 
+def test_self_draft_sampling_reproduces_plain_sampling(models):
+  """At temperature 1 a draft equal to the target accepts every token and
+  the keys depend on row and position only, so the samples are plain
+  sampling's token for token (not the whole-sequence distribution test)."""
+  target, _, _ = models
+  kwargs = dict(temperature=1.0, seed=3, max_decode_len=24)
+  plain = sd.generate(target, ENCODER, **kwargs)
+  spec = sd.generate(target, ENCODER, draft=target, gamma=3, **kwargs)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
 def test_speculative_tree_equals_plain(models):
   target, draft, plain = models
   for tree in ((2, 2, 1), [[0], [1], [0, 0]]):
