@@ -48,6 +48,39 @@ def _stack(layers: int, hidden: int = 32, heads: int = 4, kv: int = 2):
   )
 
 
+def tiny_config(version: int, layers: int, vocab_size: int = V,
+                window: int = WINDOW, ring_margin: int = 4):  # fmt: skip
+  """A `T5GemmaConfig` built directly (no transformers): `layers` encoder
+  and decoder layers alternating sliding and global, GQA (4 on 2), both
+  soft-caps (version 1; version 2 has no attention-logit cap) and separate
+  local and global RoPE bases."""
+  from spec_decode.t5gemma import config as config_lib  # pylint: disable=g-import-not-at-top
+
+  types = (config_lib.SLIDING, config_lib.GLOBAL) * layers
+  stack = config_lib.StackConfig(
+    num_layers=layers,
+    emb_dim=16,
+    mlp_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    layer_types=types[:layers],
+    sliding_window=window,
+    rope_local=config_lib.Rope(10.0),
+    rope_global=config_lib.Rope(1000.0),
+    query_pre_attn_scalar=8,
+    attn_logit_softcap=2.0 if version == 1 else None,
+  )
+  return config_lib.T5GemmaConfig(
+    version=version,
+    vocab_size=vocab_size,
+    encoder=stack,
+    decoder=stack,
+    final_logit_softcap=3.0,
+    ring_margin=ring_margin,
+  )
+
+
 def hf_model(version: int, encoder_layers: int = 3, decoder_layers: int = 3,
              seed: int = 0, hidden: int = 32):  # fmt: skip
   """A transformers model with every weight drawn at random (eager

@@ -114,7 +114,7 @@ class Embed(nn.Module):
   def __call__(self, tokens: jax.Array) -> jax.Array:
     x = jnp.take(self.embedding, tokens, axis=0).astype(jnp.float32)
     x = x * jnp.float32(self.emb_dim**0.5)
-    if self.with_eoi:
+    if self.with_eoi and self.config.eoi_token_index is not None:
       eoi = tokens == self.config.eoi_token_index
       x = jnp.where(eoi[..., None], self.eoi_embedding.astype(x.dtype), x)
     return x.astype(self.config.dtype)
