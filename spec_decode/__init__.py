@@ -12,9 +12,13 @@ modules, bottom to top of the layering (tests/test_layout.py):
   chain/        plain, fixed-gamma and gamma='auto' loops; `generate`
   check/        is a target/draft pair exact? (`sd.verify`)
   kernels/      the small-K CPU matmul called through XLA's FFI
+  layers/       what both network families use: blocked float32 dots, the
+                slot layouts (causal, tree) of a decoder call
   t5/           T5Config, the network with T5X's names, cache, vocabulary
+  t5gemma/      T5Gemma and T5Gemma 2: config, network (RoPE, GQA, sliding
+                and global layers, soft-caps), a ring-buffer cache
   checkpoints/  checkpoint formats: ours (orbax), Hugging Face, T5X
-  models/       `Model` (a T5 behind the protocol) and `TableLM`
+  models/       `Model` (a T5 behind the protocol), `T5GemmaModel`, `TableLM`
   parallel/     partitioning (logical axis rules), multi-host, memory
   drafters/     n-gram, copy, Medusa heads, feature (EAGLE-style) and
                 early-exit drafts, hierarchical drafters
@@ -41,6 +45,7 @@ from spec_decode.core.rejection import ExactVerifier
 from spec_decode.core.rejection import VerifyResult
 from spec_decode.core.sampling import Sampler
 from spec_decode.models.t5_model import Model
+from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.models.table_lm import TableLM
 from spec_decode.parallel import multihost
 from spec_decode.parallel.partitioning import Partitioner
@@ -49,6 +54,8 @@ from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import UNK_ID
 from spec_decode.t5.config import T5Config
 from spec_decode.t5.vocab import Vocabulary
+from spec_decode.t5gemma.config import StackConfig
+from spec_decode.t5gemma.config import T5GemmaConfig
 
 __all__ = [
   'BeamSearchOutput',
@@ -63,7 +70,10 @@ __all__ = [
   'Partitioner',
   'Sampler',
   'SpecStats',
+  'StackConfig',
   'T5Config',
+  'T5GemmaConfig',
+  'T5GemmaModel',
   'UNK_ID',
   'TableLM',
   'VerifyResult',

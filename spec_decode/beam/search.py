@@ -244,7 +244,7 @@ def beam_search(
     raise ValueError(
       'beam_search takes host arrays; a batch spanning hosts is not supported'
     )
-  tokens = inputs.check_tokens(encoder_tokens, model.vocab_size)
+  tokens = inputs.check_model_tokens(model, encoder_tokens)
   batch = tokens.shape[0]
   settings = BeamSettings(
     num_beams=num_beams,

@@ -4,7 +4,7 @@
       [--length 64] [--rounds 7] [--block 128] [--out bench_sum_blocks.json]
 
 On the CPU backend float32 products sum their inner dimension in blocks
-(`T5Config.cpu_sum_block`, `t5/dot.py`) to keep transformers' precision.
+(`T5Config.cpu_sum_block`, `layers/dot.py`) to keep transformers' precision.
 For each size this times, side by side in one process, the two settings
 (`--block` and 0, XLA's own sums) on teacher forcing (a forward pass over
 `[batch, length]` tokens) and on a training step (the loss's value and
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import spec_decode as sd
-from spec_decode.t5 import dot
+from spec_decode.layers import dot
 
 # Widths: the demo target's, T5 v1.1 small's; `tiny` for the rehearsal.
 SIZES = {

@@ -131,8 +131,8 @@ def generate(
     eos_id, verifier, lenience, dynamic_gamma, tree, max_auto_gamma,
   )  # fmt: skip
   spans_hosts = placement.is_global(encoder_tokens)
-  tokens = inputs.check_tokens(
-    placement.local_data(encoder_tokens), model.vocab_size
+  tokens = inputs.check_model_tokens(
+    model, placement.local_data(encoder_tokens)
   )
   if draft is not None:
     inputs.check_pair(model, draft)

@@ -8,6 +8,8 @@ files, ours or T5X's, are read by `T5Config.from_gin`,
   loader.py       `read`/`write`: detects the format; ours (orbax) read here
   huggingface.py  a Hugging Face T5 / MT5 / UMT5 / LongT5 directory
                   (safetensors, torch)
+  t5gemma_hf.py   a Hugging Face T5Gemma / T5Gemma 2 directory: config,
+                  names, the Gemma vocabulary, checked before weights
   hf_config.py    HF config.json <-> T5Config, HF names <-> ours, the output
                   scaling per model type
   t5x.py          a T5X checkpoint directory (msgpack + zarr arrays)

@@ -183,7 +183,7 @@ class _TorchFiles:
     return t.numpy()
 
 
-def _weight_files(path: str):
+def weight_files(path: str):
   """The directory's tensor files as a `_Safetensors` or `_TorchFiles`."""
   for index, kind in (
     (SAFETENSORS_INDEX, _Safetensors),
@@ -225,7 +225,7 @@ class HFSource:
   """A Hugging Face T5 directory as a `TensorSource` for a given config."""
 
   def __init__(self, path: str, config: T5Config, scaled_head: bool):
-    self._files, self._main_file = _weight_files(path)
+    self._files, self._main_file = weight_files(path)
     self.description = self._main_file
     self._map = name_map(config)
     keys = set(self._files.keys())

@@ -6,7 +6,8 @@ vocabulary (`Model.load` builds the model from them):
     tree), `config.json` (`T5Config.to_json`) and, when the model has one,
     `spiece.model` plus `vocabulary.json` (`{"extra_ids": 100}`);
   * a Hugging Face T5 directory (`config.json` + safetensors or torch
-    weights; see `huggingface.py`);
+    weights; see `huggingface.py`), or a T5Gemma / T5Gemma 2 one
+    (`t5gemma_hf.py`: a `T5GemmaConfig` and its parameter tree);
   * a T5X checkpoint directory (`checkpoint` msgpack + zarr arrays; see
     `t5x.py`), or a T5X model directory holding `checkpoint_<step>`
     subdirectories (the latest step is loaded); `scalable_t5`'s layout,
@@ -28,6 +29,7 @@ import numpy as np
 
 from spec_decode.checkpoints import assemble
 from spec_decode.checkpoints import huggingface
+from spec_decode.checkpoints import t5gemma_hf
 from spec_decode.checkpoints import t5x
 from spec_decode.checkpoints import t5x_layout
 from spec_decode.checkpoints.assemble import CheckpointError
@@ -88,7 +90,8 @@ class Checkpoint:
   """What a checkpoint directory holds, read into memory.
 
   Attributes:
-    config: the hyperparameters (stored, or given to `read`).
+    config: the hyperparameters (stored, or given to `read`): a `T5Config`,
+      or a `T5GemmaConfig` for a Hugging Face T5Gemma directory.
     params: the parameter tree (T5X names), in the storage dtype.
     vocabulary: the sentencepiece vocabulary, or None (T5X stores none).
     format: `ORBAX`, `HUGGING_FACE` or `T5X`.
@@ -132,6 +135,15 @@ def read(
       with the config.
   """
   fmt, directory = detect_format(path)
+  if fmt == HUGGING_FACE and t5gemma_hf.is_t5gemma(directory):
+    if shardings is not None:
+      raise CheckpointError(
+        f'{directory}: T5Gemma models load unsharded (no partitioner yet)'
+      )
+    config, params, vocab = t5gemma_hf.read(
+      directory, config, dtype, vocabulary or fallback_vocabulary
+    )
+    return Checkpoint(config, params, vocab, fmt)
   wrap = _progress_bar(directory) if progress else None
   placed = lambda cfg: shardings(cfg) if shardings else None
   if fmt == ORBAX:

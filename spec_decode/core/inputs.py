@@ -45,6 +45,17 @@ def check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:
   return tokens.astype(np.int32)
 
 
+def check_model_tokens(model: Any, encoder_tokens: Any) -> np.ndarray:
+  """`check_tokens` against `model`'s vocabulary, then the model's own
+  input check when it has one (`protocol.InputCheck`: e.g. T5Gemma 2
+  refuses image placeholders)."""
+  tokens = check_tokens(encoder_tokens, model.vocab_size)
+  check = getattr(model, 'check_encoder_tokens', None)
+  if check is not None:
+    check(tokens)
+  return tokens
+
+
 def check_pair(target: Any, draft: Any) -> None:
   """Raises ValueError unless draft and target share a vocabulary.
 

@@ -70,6 +70,16 @@ class BeamReorder(Protocol):
     ...
 
 
+class InputCheck(Protocol):
+  """Optional: a model's own check of encoder inputs, before anything
+  compiles (`core.inputs.check_model_tokens`)."""
+
+  def check_encoder_tokens(self, tokens: Any) -> None:
+    """Raises ValueError for inputs the model cannot read; `tokens`:
+    `[B, S]` int32 host array, ids already in range."""
+    ...
+
+
 class DraftingCopy(Protocol):
   """Optional: a copy of a model that is cheaper to propose with.
 

@@ -10,7 +10,7 @@ collection `'packed'`. It is built when the model is constructed, if
 `config.cpu_kernel` is on, the default backend is the CPU and the kernel
 library is available (`SPEC_DECODE_KERNEL=0` turns it off), or explicitly
 by `pack_for_cpu()`. Only decoding (`init_state`/`score`) uses it; teacher
-forcing and the encoder (many rows at once) keep XLA's dot (`t5/dot.py`).
+forcing and the encoder (many rows at once) keep XLA's dot (`layers/dot.py`).
 The parameter tree, and so every checkpoint, keeps the canonical layout.
 """
 
@@ -26,10 +26,12 @@ import numpy as np
 from spec_decode import checkpoints
 from spec_decode.models.packing import pack_decoder
 from spec_decode.models.packing import rounded_for_drafting
+from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import T5Config
+from spec_decode.t5gemma.config import T5GemmaConfig
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -161,6 +163,9 @@ class Model:
   ) -> 'Model':
     """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint.
 
+    A Hugging Face T5Gemma or T5Gemma 2 directory gives a `T5GemmaModel`
+    (unsharded: `partitioner` must be None).
+
     Args:
       path: our directory, a Hugging Face T5 directory, or a T5X checkpoint
         (or model) directory.
@@ -202,6 +207,8 @@ class Model:
       shardings=partitioner.param_shardings_flat if partitioner else None,
       fallback_vocabulary=gin_vocab,
     )
+    if isinstance(ckpt.config, T5GemmaConfig):
+      return T5GemmaModel(ckpt.config, ckpt.params, ckpt.vocabulary)
     return cls(
       ckpt.config, ckpt.params, ckpt.vocabulary, partitioner=partitioner
     )

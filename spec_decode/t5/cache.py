@@ -10,8 +10,12 @@ attention masks by position, and are overwritten by later writes.
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+
+from spec_decode.layers import layout
+
+query_positions = layout.query_positions
+causal_mask = layout.causal_mask
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -126,47 +130,17 @@ def write(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   )(buffer, new, index)
 
 
-def query_positions(index: jax.Array, num_new: int) -> jax.Array:
-  """Positions `[B, T]` of `T` new tokens written at `index [B]`."""
-  return index[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
-
-
-def causal_mask(q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
-  """`[B, 1, T, L]` bool: key position `<=` query position, per row."""
-  return k_pos[:, None, None, :] <= q_pos[:, None, :, None]
-
-
 def tree_layout(index: jax.Array, length: int, tree):
-  """Positions and visibility of a tree call (`core.tree.TreeAttention`).
-
-  Args:
-    index: `[B] int32` committed slots per row.
-    length: L, cache slots.
-    tree: the call's `TreeAttention` (static), or an object with its
-      fields whose `mask_array()` is `[B, T, offset + T]`, one mask per row
-      (speculative beam search, `beam.draft_trees.RowTreeAttention`).
+  """Positions and visibility of a tree call (`core.tree.TreeAttention`)
+  in a cache of `length` slots (`layers.layout.tree_slot_layout`).
 
   Returns:
-    `q_pos [B, T]`, `k_pos [B, L]` (a scratch slot's position is that of
-    the node it holds) and `visible [B, 1, T, L] bool`: every committed slot
-    and the scratch slots `tree.mask` allows.
+    `q_pos [B, T]`, `k_pos [B, L]` and `visible [B, 1, T, L] bool`.
   """
-  new_pos = jnp.asarray(tree.new_positions())
-  q_pos = index[:, None] + new_pos[None]
-  width = tree.offset + tree.num_new
-  slots = jnp.arange(length, dtype=jnp.int32)[None]
-  rel = slots - index[:, None]  # [B, L]
-  in_tree = (rel >= 0) & (rel < width)
-  rel_c = jnp.clip(rel, 0, width - 1)
-  slot_pos = jnp.asarray(np.asarray(tree.positions, np.int32))[rel_c]
-  k_pos = jnp.where(rel < 0, slots, index[:, None] + slot_pos)
-  mask = jnp.asarray(tree.mask_array())
-  if mask.ndim == 3:  # One mask per row `[B, T, width]` (beam trees).
-    mask = jnp.take_along_axis(mask, rel_c[:, None, :], axis=2)
-  else:
-    mask = jnp.transpose(mask[:, rel_c], (1, 0, 2))  # [B, T, L]
-  visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & mask)
-  return q_pos, k_pos, visible[:, None]
+  slots = jnp.broadcast_to(
+    jnp.arange(length, dtype=jnp.int32), (index.shape[0], length)
+  )
+  return layout.tree_slot_layout(index, slots, tree)
 
 
 def self_attention_layout(cache, batch: int, num_new: int, tree=None):

@@ -56,7 +56,7 @@ class T5Config:
   # (`Model` packs them at construction); False keeps XLA's dot everywhere.
   cpu_kernel: bool = True
   # Float32 products on the CPU backend sum their inner dimension in blocks
-  # of this many terms (`t5/dot.py`), which keeps transformers' float32
+  # of this many terms (`layers/dot.py`), which keeps transformers' float32
   # precision; 0 leaves the sum to XLA (up to 512 terms in order: 1.3x the
   # error; a teacher-forcing forward pass takes ~1.36x as long with blocks on
   # a 2-core CPU, `spec-decode bench sum_blocks`).

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 
 from spec_decode.core.tree_shape import TreeAttention
 from spec_decode.kernels import ops as kernel_ops
+from spec_decode.layers import dot as dot_lib
 from spec_decode.t5 import cache as cache_lib
-from spec_decode.t5 import dot as dot_lib
 from spec_decode.t5 import long_attention
 from spec_decode.t5.config import T5Config
 from spec_decode.t5.relpos import RelativePositionBiases

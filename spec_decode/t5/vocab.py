@@ -35,6 +35,11 @@ class Vocabulary:
     digest: sha256 hex digest identifying the model and `extra_ids`.
   """
 
+  # The special ids (pad, eos, unk) the sentencepiece model must have, and
+  # whose they are (a subclass names another family's: Gemma's unk is 3).
+  SPECIAL_IDS = (PAD_ID, EOS_ID, UNK_ID)
+  FAMILY = 'T5'
+
   def __init__(
     self,
     serialized_model: bytes,
@@ -63,10 +68,10 @@ class Vocabulary:
     except Exception as e:  # sentencepiece raises RuntimeError or OSError.
       raise ValueError(f'{name}: not a sentencepiece model ({e})') from e
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
-    if ids != (PAD_ID, EOS_ID, UNK_ID):
+    if ids != self.SPECIAL_IDS:
       raise ValueError(
-        f'{name}: sentencepiece special ids (pad, eos, unk) = {ids}; T5 '
-        f'needs ({PAD_ID}, {EOS_ID}, {UNK_ID})'
+        f'{name}: sentencepiece special ids (pad, eos, unk) = {ids}; '
+        f'{self.FAMILY} needs {self.SPECIAL_IDS}'
       )
     h = hashlib.sha256(self._serialized)
     h.update(b'extra_ids=%d' % self._extra_ids)
@@ -112,7 +117,7 @@ class Vocabulary:
     )
 
   def __reduce__(self):
-    return (Vocabulary, (self._serialized, self._extra_ids, self._name))
+    return (type(self), (self._serialized, self._extra_ids, self._name))
 
   # -- sizes and ids ----------------------------------------------------------
   @property

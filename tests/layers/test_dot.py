@@ -1,4 +1,4 @@
-"""`t5.dot.dot`: float32 products summed in blocks on the CPU."""
+"""`layers.dot.dot`: float32 products summed in blocks on the CPU."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
-from spec_decode.t5 import dot
+from spec_decode.layers import dot
 
 _U = 2.0**-24
 

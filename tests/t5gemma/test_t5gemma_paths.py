@@ -1,0 +1,95 @@
+"""Every decode path on a T5Gemma target: `gamma='auto'`, `tree='auto'`,
+`sd.verify` and `spec-decode verify` with a smaller same-vocabulary
+T5Gemma draft (both saved by transformers, `_t5gemma_util.py`).
+
+Greedy speculative output equals plain greedy (exact); the pair check's
+verdict is a pass on the correct pair and a fail on a draft that lies
+about its q (a negative control).
+"""
+
+import numpy as np
+import pytest
+from _t5gemma_util import ENCODER
+from _t5gemma_util import hf_model
+from _t5gemma_util import save
+
+import spec_decode as sd
+from spec_decode.eval import verify_cli
+
+pytest.importorskip('transformers')
+
+LENGTH = 20
+# One sampler, few samples: the check's own statistics are tested in
+# tests/check; here the T5Gemma pair goes through every check once.
+FAST = dict(
+  num_samples=2000, batch_size=1000, gammas=(3,), num_inputs=4,
+  max_decode_len=8,
+)  # fmt: skip
+CLI_FAST = [
+  '--num_samples=2000',
+  '--batch_size=1000',
+  '--gammas=3',
+  '--num_inputs=4',
+  '--max_decode_len=8',
+  '--temperature=1',
+]
+
+
+def _load(path):
+  """The default ring margin (96) holds tree='auto''s calibration tree, the
+  draft's scratch nodes included."""
+  return sd.Model.load(path)
+
+
+@pytest.fixture(scope='module', params=[1, 2], ids=['t5gemma', 't5gemma2'])
+def saved(request, tmp_path_factory):
+  """Paths of a saved (target, draft) pair of one version."""
+  v = request.param
+  target = save(hf_model(v), tmp_path_factory.mktemp(f't{v}'))
+  draft = save(
+    hf_model(v, encoder_layers=1, decoder_layers=1, seed=1),
+    tmp_path_factory.mktemp(f'd{v}'),
+  )
+  return target, draft
+
+
+@pytest.fixture(scope='module')
+def models(saved):
+  target, draft = _load(saved[0]), _load(saved[1])
+  plain = sd.generate(target, ENCODER, max_decode_len=LENGTH)
+  return target, draft, np.asarray(plain.tokens)
+
+
+def test_auto_gamma_equals_plain(models):
+  target, draft, plain = models
+  out = sd.generate(
+    target,
+    ENCODER,
+    draft=draft,
+    gamma='auto',
+    max_auto_gamma=3,
+    max_decode_len=LENGTH,
+  )
+  np.testing.assert_array_equal(out.tokens, plain)
+
+
+def test_auto_tree_equals_plain(models):
+  target, draft, plain = models
+  out = sd.generate(
+    target, ENCODER, draft=draft, tree='auto', max_decode_len=LENGTH
+  )
+  np.testing.assert_array_equal(out.tokens, plain)
+
+
+def test_verify_passes_the_pair(models):
+  target, draft, _ = models
+  report = sd.verify(target, draft, samplers=(sd.Sampler(1.0),), **FAST)
+  assert report.passed, report.table()
+
+
+def test_cli_verify_passes_the_pair(saved, capsys):
+  target, draft = saved
+  code = verify_cli.main(['--target', target, '--draft', draft, *CLI_FAST])
+  printed = capsys.readouterr().out
+  assert code == 0, printed
+  assert 'PASS: all' in printed
