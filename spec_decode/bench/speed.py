@@ -222,7 +222,7 @@ def no_eos_rows(out: sd.GenerateOutput, max_decode_len: int) -> int:
   """Rows of `out` that reached `max_decode_len` without EOS. The bench's
   random-weight targets rarely emit EOS, so its decodes run their full
   length by design; the eval reports such outputs apart
-  (`eval/outcomes.py`), and the bench counts them so that its tables say
+  (`eval/report/outcomes.py`), and the bench counts them so that its tables say
   what they time."""
   lengths = np.asarray(out.lengths)
   last = np.asarray(out.tokens)[np.arange(len(lengths)), lengths - 1]

@@ -5,11 +5,9 @@ task_data.py  a task split as a run uses it: our readers or seqio's tasks
 loading.py    load_model, task_vocabulary; how a run names its models
 decoding.py   batches decoded and timed; the step costs c and v
 rounds.py     each batch's decodes and cost probes in rotating rounds
-outcomes.py   outputs that end vs outputs that run out (no EOS)
 records.py    the run's files, written crash-safely; resume
-report.py     results.json's numbers, summary.md
-plots.py      the plots (acceptance histogram, per position, speedup vs γ)
-pages.py      examples.html: every example coloured as the paper's Figure 1
+report/       results.json's numbers, summary.md, the plots and examples.html
+               (outputs that end vs run out, the rounds' speedup)
 run.py        evaluate (and the names gin files use as `spec_eval`)
 compare.py    several runs side by side (drafters, t, lenience, dyn. γ)
 drafters.py   drafters built from gin (n-gram, copy, heads, hierarchical)

@@ -22,8 +22,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from spec_decode.eval import pages
-from spec_decode.eval import plots
+from spec_decode.eval.report import pages
+from spec_decode.eval.report import plots
 
 RESULTS_FILE = 'results.json'
 SUMMARY_FILE = 'summary.md'

@@ -22,11 +22,11 @@ loads or compiles. One run:
 4. reports quality (BLEU or ROUGE; a seqio task's own metrics) of both
    decodes, exactness (the fraction of examples whose speculative tokens
    equal the plain ones), the outputs that ran to max_decode_len without
-   EOS and every figure apart for them and the rest (`eval/outcomes.py`),
+   EOS and every figure apart for them and the rest (`eval/report/outcomes.py`),
    alpha,
    the accepted-length histogram, per-position acceptance, calls, the
    measured speedup and the predictions of Theorem 3.8 and of
-   E[tokens] / (γc + v), as in the paper's Table 4 (`eval/report.py`).
+   E[tokens] / (γc + v), as in the paper's Table 4 (`eval/report/`).
 
 `gamma` is an int, a list of ints (a sweep: every γ is decoded and speedup
 against γ is plotted; the top-level fields describe the first γ), or
@@ -40,14 +40,14 @@ gives the iterations run at each γ and the cost model(s) used (run_state.json
 keeps them, so a resumed run reports them too).
 
 Output directory (`eval/records.py`; the numbers and the report come from
-`eval/report.py`):
+`eval/report/`):
   results.json           every figure (`TIMING_KEYS` mark the timing ones)
   summary.md             the Markdown report (also printed)
   examples.jsonl         one line per example: input, reference, plain and
                          speculative outputs, acceptance counts, timings,
                          each speculative token's provenance
   examples.html          every example with the paper's Figure 1 colouring
-                         (`eval/pages.py`), the plots
+                         (`eval/report/pages.py`), the plots
   run_state.json         the run's settings (and auto-γ's cost models)
   accepted_histogram.png, position_acceptance.png, speedup_vs_gamma.png
                          (sweeps), linked from summary.md
@@ -80,13 +80,13 @@ from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
 from spec_decode.eval import hosts as hosts_lib
 from spec_decode.eval import loading
-from spec_decode.eval import outcomes
-from spec_decode.eval import pages
 from spec_decode.eval import records as records_lib
 from spec_decode.eval import report
 from spec_decode.eval import rounds as rounds_lib
 from spec_decode.eval import settings as settings_lib
 from spec_decode.eval import task_data
+from spec_decode.eval.report import outcomes
+from spec_decode.eval.report import pages
 from spec_decode.parallel import memory
 from spec_decode.t5 import vocab as vocab_lib
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from spec_decode.core import provenance as prov
-from spec_decode.eval import pages
+from spec_decode.eval.report import pages
 
 A, R, B, T, S = prov.ACCEPTED, prov.REPLACED, prov.BONUS, prov.TARGET, 8
 WORDS = ['<pad>', '</s>'] + [f'w{i}' for i in range(2, 40)]

@@ -1,6 +1,6 @@
 """The eval's rotating timing rounds, its outputs-that-end split and its
-prediction from costs timed apart (`eval/rounds.py`, `eval/outcomes.py`,
-`report._probe_costs`), on hand-made records: exact figures, no clocks."""
+prediction from costs timed apart (`eval/rounds.py`, `eval/report/outcomes.py`,
+`report/figures.py`), on hand-made records: exact figures, no clocks."""
 
 import copy
 
@@ -8,9 +8,9 @@ import pytest
 
 from spec_decode import theory
 from spec_decode.core import ids
-from spec_decode.eval import outcomes
 from spec_decode.eval import report
 from spec_decode.eval import rounds
+from spec_decode.eval.report import outcomes
 
 EOS = ids.EOS_ID
 MAX_LEN = 8

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spec_decode.core import ids
-from spec_decode.eval import rounds as rounds_lib
+from spec_decode.eval.report import speedup
 
 
 def ran_out(tokens: Sequence[int], max_decode_len: int) -> bool:
@@ -83,7 +83,7 @@ def group_figures(
     'output_tokens': tokens,
     'alpha': sum(s['beta_sum'] for s in specs) / max(tested, 1),
     'tokens_per_call': tokens / max(sum(s['iterations'] for s in specs), 1),
-    **rounds_lib.speedups(records, key),
+    **speedup.speedups(records, key),
   }
 
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spec_decode.core import provenance as prov
-from spec_decode.eval import plots
+from spec_decode.eval.report import plots
 
 PAGE_FILE = 'examples.html'
 # The paper's colours (as light backgrounds, so the text stays readable).
