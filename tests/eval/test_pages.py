@@ -134,6 +134,9 @@ def test_page_names_outputs_without_eos_and_the_speedup_on_the_rest():
   assert page.index('NO EOS: plain') > page.index('#1 ·')
   assert 'plain 1 of 3, 30% of plain output tokens' in page
   assert 'On the 2 outputs that end: speedup 1.10x (rounds 1.00-1.20x)' in page
+  # The figure on the outputs that end leads; the run's overall figure
+  # follows, labelled as all examples.
+  assert page.index('outputs that end') < page.index('All 3: α 0.75')
 
 
 def test_beam_page_shows_steps_per_call():

@@ -214,13 +214,21 @@ def _ending_head(r: dict[str, Any]) -> str:
   )
   if ends['examples']:
     lo, hi = ends['speedup_spread']
-    text += (
-      f' On the {ends["examples"]} outputs that end: speedup '
-      f'{ends["speedup_measured"]:.2f}x (rounds {lo:.2f}-{hi:.2f}x), '
-      f'α {ends["alpha"]:.2f}, {ends["tokens_per_call"]:.2f} tokens per '
-      'target call.'
+    predicted = (
+      f', predicted {ends["speedup_predicted"]:.2f}x'
+      if 'speedup_predicted' in ends
+      else ''
     )
-  return f'<p class="meta">{html.escape(text)}</p>'
+    head = (
+      f'On the {ends["examples"]} outputs that end: speedup '
+      f'{ends["speedup_measured"]:.2f}x (rounds {lo:.2f}-{hi:.2f}x)'
+      f'{predicted}, α {ends["alpha"]:.2f}, '
+      f'{ends["tokens_per_call"]:.2f} tokens per target call.'
+    )
+    text = f'<b>{html.escape(head)}</b> {html.escape(text)}'
+  else:
+    text = html.escape(text)
+  return f'<p class="meta">{text}</p>'
 
 
 def page(
@@ -237,7 +245,10 @@ def page(
     f'<h1>{html.escape(str(r["task"]))}/{html.escape(str(r["split"]))}: '
     f'{len(records)} examples, γ = {html.escape(key)}</h1>'
     f'<p class="meta">target {html.escape(str(r["target"]))}; draft '
-    f'{html.escape(str(r["draft"]))}; α {r["alpha"]:.2f}; '
+    f'{html.escape(str(r["draft"]))}. <a href="summary.md">summary.md</a>'
+    '</p>'
+    + _ending_head(r)
+    + f'<p class="meta">All {len(records)}: α {r["alpha"]:.2f}; '
     f'{per_call or 0:.2f} {unit}; measured speedup '
     f'{r["speedup_measured"]:.2f}x'
     + (
@@ -246,8 +257,7 @@ def page(
       else f' (predicted from c and v timed apart: E[tok]/(γc+v) '
       f'{r["speedup_predicted"]:.2f}x)'
     )
-    + '. <a href="summary.md">summary.md</a></p>'
-    + _ending_head(r)
+    + '.</p>'
   )
   if not beam:
     head += _legend()
