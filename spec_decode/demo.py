@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 import spec_decode as sd
+from spec_decode.core import inputs
 
 
 def _sharpen(model: sd.Model, scale: float) -> sd.Model:
@@ -35,10 +36,20 @@ def _perturbed(model: sd.Model, scale: float, seed: int) -> sd.Model:
   )
 
 
+def _gamma(text: str) -> int | str:
+  """`--gamma` as every entry point reads a γ (`core.inputs.parse_gamma`)."""
+  try:
+    return inputs.parse_gamma(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog='spec-decode demo', description=__doc__)
   parser.add_argument('--batch', type=int, default=4)
-  parser.add_argument('--gamma', type=int, default=4)
+  parser.add_argument(
+    '--gamma', type=_gamma, default=4, help="an int >= 1 or 'auto'"
+  )
   parser.add_argument('--max_decode_len', type=int, default=32)
   args = parser.parse_args(argv)
 
@@ -91,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
       f'  target calls {s.target_calls}  draft calls {s.draft_calls}'
     )
     print(
-      f'accepted-per-iteration histogram (0..{args.gamma}): '
+      f'accepted-per-iteration histogram '
+      f'(0..{len(s.accepted_histogram) - 1}): '
       f'{s.accepted_histogram.tolist()}'
     )
     print(

@@ -292,12 +292,10 @@ def beam_search(
 
 def _layout(gamma, max_auto_gamma, draft_beams, draft_children):
   """Whether gamma is 'auto', and the draft trees' `TreeLayout`."""
-  auto = isinstance(gamma, str) and gamma == 'auto'
+  gamma = inputs.parse_gamma(gamma)
+  auto = gamma == inputs.AUTO
   if auto:
     gamma = inputs.check_int('max_auto_gamma', max_auto_gamma, 1)
-  elif isinstance(gamma, str):
-    raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
-  inputs.check_int('gamma', gamma, 1)
   layout = draft_trees.TreeLayout(
     gamma=int(gamma),
     width=inputs.check_int(

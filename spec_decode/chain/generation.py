@@ -124,7 +124,8 @@ def generate(
   Returns:
     `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
   """
-  auto = isinstance(gamma, str) and gamma.strip().lower() == 'auto'
+  gamma = inputs.parse_gamma(gamma)
+  auto = gamma == inputs.AUTO
   # Every argument is checked before anything compiles.
   settings, tree_shape = _settings(
     model, draft, gamma, auto, temperature, top_k, top_p, max_decode_len,
@@ -192,10 +193,6 @@ def _settings(
     top_k,
     top_p,
   )
-  if not auto and (
-    isinstance(gamma, bool) or not isinstance(gamma, inputs.INTS) or (gamma < 1)
-  ):
-    raise ValueError(f"gamma must be an int >= 1 or 'auto', got {gamma!r}")
   if auto:
     inputs.check_int('max_auto_gamma', max_auto_gamma, 1)
   tau = _confidence_threshold(dynamic_gamma)

@@ -166,16 +166,13 @@ def validate(
   """Raises ValueError naming the first bad argument of `verify`."""
 
   def whole(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise ValueError(f'{name} must be an int >= {low}, got {value!r}')
-    if value < low:
-      raise ValueError(f'{name} must be an int >= {low}, got {value!r}')
+    inputs.check_int(name, value, low)
 
   if not isinstance(gammas, (tuple, list)) or not gammas:
     raise ValueError(f'gammas must be a non-empty list, got {gammas!r}')
   for g in gammas:
-    whole('gammas', g, 1)
-  if tree is not None and not (isinstance(tree, str) and tree == 'auto'):
+    inputs.parse_gamma(g, 'gammas')
+  if tree is not None and not inputs.is_auto(tree):
     tree_shape.parse(tree)  # ValueError naming what is wrong.
   whole('num_inputs', num_inputs, 1)
   whole('max_decode_len', max_decode_len, 1)
@@ -324,7 +321,8 @@ def _modes(gammas, tree) -> list[tuple[str, dict]]:
   """`(label, generate's keywords)` of each speculative setting checked."""
   if tree is not None:
     return [(f'tree={tree}', dict(tree=tree))]
-  return [(f'gamma={g}', dict(gamma=int(g))) for g in gammas]
+  gammas = [inputs.parse_gamma(g, 'gammas') for g in gammas]
+  return [(f'gamma={g}', dict(gamma=g)) for g in gammas]
 
 
 def _greedy_checks(target, draft, enc, modes, max_decode_len, verifier, kw):

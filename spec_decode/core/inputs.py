@@ -23,6 +23,33 @@ def check_int(name: str, value: Any, low: int) -> int:
   return int(value)
 
 
+AUTO = 'auto'
+
+
+def is_auto(value: Any) -> bool:
+  """Whether `value` spells 'auto' (any case, surrounding whitespace)."""
+  return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+def parse_gamma(value: Any, name: str = 'gamma') -> int | str:
+  """The one reading of a γ for every entry point (`generate`,
+  `beam_search`, `verify`, the eval settings and the command lines):
+  `'auto'` in any case with surrounding whitespace, or an int >= 1, given
+  as an int or as its decimal text. Anything else is a ValueError with one
+  text: `{name} must be an int >= 1 or 'auto', got {value!r}`."""
+  if is_auto(value):
+    return AUTO
+  number = value
+  if isinstance(value, str):
+    try:
+      number = int(value.strip())
+    except ValueError:
+      number = None
+  if isinstance(number, bool) or not isinstance(number, INTS) or number < 1:
+    raise ValueError(f"{name} must be an int >= 1 or 'auto', got {value!r}")
+  return int(number)
+
+
 def check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:
   """`encoder_tokens` as a `[B, S] int32` host array, or ValueError.
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from spec_decode.core import inputs
 from spec_decode.data import seqio_data
 from spec_decode.t5 import vocab as vocab_lib
 
@@ -35,24 +36,26 @@ _REALS = (int, float, np.integer, np.floating)
 
 
 def parse_gamma(gamma: Any) -> list[int] | str:
-  """`'auto'`, or a non-empty list of distinct ints >= 1 (order kept)."""
-  if isinstance(gamma, str) and gamma.strip().lower() == 'auto':
-    return 'auto'
-  try:
-    if isinstance(gamma, str):
-      values = gamma.replace(',', ' ').split()
-    elif isinstance(gamma, _INTS) and not isinstance(gamma, bool):
+  """`'auto'`, or a non-empty list of distinct ints >= 1 (order kept): one
+  γ as every entry point reads it (`core.inputs.parse_gamma`, with its
+  error text), or a sweep (a list, or a text of them separated by commas
+  or spaces) of such ints."""
+  if isinstance(gamma, str):
+    values = gamma.replace(',', ' ').split()
+    if len(values) <= 1:  # One γ, 'auto' included ('' is refused there).
       values = [gamma]
-    else:
-      values = gamma
-    gammas = list(dict.fromkeys(int(g) for g in values))
-  except (TypeError, ValueError):
-    gammas = []
-  if not gammas or min(gammas) < 1:
-    raise ValueError(
-      f"gamma must be an int >= 1, a list of them or 'auto', got {gamma!r}"
-    )
-  return gammas
+  elif isinstance(gamma, (list, tuple)):
+    values = list(gamma)
+  else:
+    values = [gamma]
+  if not values:
+    raise ValueError(f'gamma must be a non-empty list, got {gamma!r}')
+  parsed = [inputs.parse_gamma(g) for g in values]
+  if len(parsed) == 1 and parsed[0] == inputs.AUTO:
+    return inputs.AUTO
+  if inputs.AUTO in parsed:
+    raise ValueError(f"gamma: 'auto' cannot be part of a sweep, got {gamma!r}")
+  return list(dict.fromkeys(parsed))
 
 
 def _fail(name: str, what: str, value: Any) -> ValueError:

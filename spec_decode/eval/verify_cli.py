@@ -41,6 +41,7 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode.check import pair as pair_check
+from spec_decode.core import inputs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,9 +168,13 @@ def _checked(args) -> dict:
   if args.ngram_order < 1:
     raise _BadArguments(f'--ngram_order must be >= 1, got {args.ngram_order}')
   try:
-    gammas = tuple(int(g) for g in args.gammas.split(',') if g.strip())
+    gammas = tuple(
+      inputs.parse_gamma(g, '--gammas')
+      for g in args.gammas.split(',')
+      if g.strip()
+    )
   except ValueError as e:
-    raise _BadArguments(f'--gammas: comma-separated ints ({e})') from e
+    raise _BadArguments(f"{e} (comma-separated ints or 'auto')") from e
   tree = parse_tree(args.tree) if args.tree else None
   try:
     samplers = [sd.Sampler(args.temperature)]

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from spec_decode.core import inputs
 from spec_decode.core import placement
 from spec_decode.core import provenance
 from spec_decode.core import tree_shape as tree_lib
@@ -63,7 +64,7 @@ def check(
 
 
 def is_auto(tree: Any) -> bool:
-  return isinstance(tree, str) and tree.strip().lower() == 'auto'
+  return inputs.is_auto(tree)
 
 
 def settings_for(
