@@ -85,6 +85,8 @@ class Decoder:
       dynamic_gamma=s.dynamic_gamma or False,
     )
     if s.tree is not None:
+      # Trees verify exactly (recursive rejection): no chain verifier.
+      del kw['verifier'], kw['dynamic_gamma']
       kw['tree'] = list(s.tree) if isinstance(s.tree, tuple) else s.tree
       if isinstance(s.tree, tuple) and isinstance(s.tree[0], tuple):
         kw['tree'] = [list(p) for p in s.tree]

@@ -133,6 +133,13 @@ class InferSettings(settings_lib.EvalSettings):
         'DRAFT_BEAMS / DRAFT_CHILDREN instead), got tree='
         f'{values["tree"]!r}'
       )
+    if values['tree'] is not None and (
+      self.lenience != 1.0 or self.dynamic_gamma
+    ):
+      raise ValueError(
+        'InferSettings.tree verifies exactly: lenience and dynamic_gamma '
+        'apply to chains only'
+      )
     for name, value in values.items():
       object.__setattr__(self, name, value)
 

@@ -185,3 +185,37 @@ def test_a_jsonl_file_keeps_ids_and_writes_scores_tokens_provenance(
     n = len(x['prediction_tokens'])
     assert 1 <= n <= 12 and len(x['aux']['provenance']) == n
     assert x['aux']['scores'] < 0
+
+
+@pytest.mark.parametrize(
+  'changes',
+  [
+    dict(tree=(2, 1)),
+    # The policy measures its cost model first (about 45 s here).
+    pytest.param(dict(gamma='auto', max_auto_gamma=2), marks=pytest.mark.slow),
+    dict(decode_method='beam', num_beams=1, gamma=2),
+  ],
+  ids=['tree', 'auto', 'beam1'],
+)
+def test_trees_auto_gamma_and_one_beam_give_the_greedy_predictions(
+  models, full, tmp_path, changes
+):
+  out = str(tmp_path / 'out')
+  s = _settings(checkpoint_period=100, **changes)
+  summary = infer_lib.infer(*models, s, output_dir=out, **RUN)
+  assert _lines(out) == _lines(full[0])
+  assert summary['decode_method'] == s.method
+
+
+def test_sampling_with_per_example_seeds_repeats_and_depends_on_the_seed(
+  models, tmp_path
+):
+  def run(name, seed):
+    out = str(tmp_path / name)
+    s = _settings(temperature=1.0, seed=seed, checkpoint_period=100)
+    infer_lib.infer(*models, s, output_dir=out, **RUN)
+    return [x['prediction'] for x in _lines(out)]
+
+  first = run('a', 0)
+  assert run('b', 0) == first
+  assert run('c', 7) != first
