@@ -2,6 +2,7 @@
 
 spec-decode demo     short end-to-end decode on random tiny models
 spec-decode eval     gin-configured eval run (plain vs speculative)
+spec-decode infer    T5X's infer.py with a draft: speculative predictions
 spec-decode train    gin-configured training (the demo pair)
 spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
 spec-decode theory   the paper's section 3 tables and figures
@@ -23,6 +24,7 @@ import sys
 _COMMANDS = {
   'demo': 'spec_decode.demo',
   'eval': 'spec_decode.eval.cli',
+  'infer': 'spec_decode.eval.infer.cli',
   'train': 'spec_decode.train.cli',
   'bench': 'spec_decode.bench.cli',
   'theory': 'spec_decode.theory.cli',
@@ -33,7 +35,7 @@ _COMMANDS = {
 }
 _DEFAULT = 'demo'
 # Jobs that may run on a TPU pod: every host joins before JAX is used.
-_MULTIHOST = ('eval', 'bench', 'train')
+_MULTIHOST = ('eval', 'infer', 'bench', 'train')
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -16,4 +16,6 @@ cli.py        `spec-decode eval` (with t5x_run_cli.py, the only modules here
               that use gin)
 t5x_run_cli.py  T5X's run files, macros and flags; the aliases
 verify_cli.py `spec-decode verify`: is a target/draft pair exact?
+infer/        `spec-decode infer`: inputs decoded speculatively only, T5X
+              infer.py's files (task reading, hosts, records shared)
 """

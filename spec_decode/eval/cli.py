@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def _missing_demo_checkpoints() -> list[str]:
+def missing_demo_checkpoints() -> list[str]:
   return [p for p in DEMO_CHECKPOINTS if not os.path.exists(paths.resolve(p))]
 
 
@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     _error(e)
     return 2
-  if not args.gin_file and not flag_bindings and _missing_demo_checkpoints():
+  if not args.gin_file and not flag_bindings and missing_demo_checkpoints():
     _error(
       'the default run (configs/demo_debian_ende.gin) needs the trained demo '
-      f'pair, and {", ".join(_missing_demo_checkpoints())} does not exist '
+      f'pair, and {", ".join(missing_demo_checkpoints())} does not exist '
       'yet.\nTrain it with `spec-decode train` (docs/usage/training.md), or '
       'run another config, e.g.\n'
       '  spec-decode eval --gin_file=configs/smoke_synthetic.gin'
