@@ -150,6 +150,11 @@ class T5GemmaModel:
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
+  @property
+  def feature_size(self) -> int:
+    """D of the features `score_with_features` returns."""
+    return self.config.decoder.emb_dim
+
   def init_state(self, encoder_tokens, length: int) -> T5GemmaDecodeState:
     cfg = self.config
     cross = self.module.apply(
@@ -199,6 +204,15 @@ class T5GemmaModel:
       features.astype(self.config.dtype),
       method=network.Transformer.project,
     ).astype(jnp.float32)
+
+  def embed(self, tokens: jax.Array) -> jax.Array:
+    """The decoder's scaled embeddings `[..., D]` of `tokens` (ids as
+    given: the caller reads position 0 as BOS)."""
+    return self.module.apply(
+      {'params': self.params},
+      tokens,
+      method=network.Transformer.embed_decoder,
+    )
 
   def commit_tree(self, state, slots, count) -> T5GemmaDecodeState:
     """Moves the accepted path to the next slots (`commit_path`)."""
