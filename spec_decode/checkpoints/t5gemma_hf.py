@@ -267,8 +267,13 @@ def read(
   config: T5GemmaConfig | None = None,
   dtype: Any = None,
   vocabulary: Any = None,
+  shardings: Any = None,
 ):
   """Config, parameter tree and vocabulary of a T5Gemma directory.
+
+  `shardings` (config -> `{'a/b/kernel': Sharding}`, as `checkpoints.read`
+  takes it): each tensor goes into its shards as it is read, so device
+  memory never holds a whole copy (the host holds one tensor at a time).
 
   Returns:
     `(config, params, vocabulary)`.
@@ -326,11 +331,16 @@ def read(
     problems.append(f'unexpected tensors {extra[:5]}')
   if problems:
     raise CheckpointError(f'{main}: ' + '; '.join(problems[:8]))
+  placed = shardings(config) if shardings is not None else {}
   flat = {}
   for ours in shapes:
     hf_name, transpose = names[ours]
     arr = files.read(hf_name)
     arr = arr.T if transpose else arr
-    flat[ours] = np.ascontiguousarray(to_dtype(arr, config.param_dtype))
-  params = flax.traverse_util.unflatten_dict(flat, sep='/')
-  return config, jax.tree.map(jax.numpy.asarray, params), vocab
+    arr = np.ascontiguousarray(to_dtype(arr, config.param_dtype))
+    flat[ours] = (
+      jax.device_put(arr, placed[ours])
+      if ours in placed
+      else jax.numpy.asarray(arr)
+    )
+  return config, flax.traverse_util.unflatten_dict(flat, sep='/'), vocab

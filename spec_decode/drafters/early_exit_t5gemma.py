@@ -194,5 +194,8 @@ def truncated(target, num_layers: int) -> t5gemma_model.T5GemmaModel:
     }
   )
   return t5gemma_model.T5GemmaModel(
-    cfg.replace(decoder=decoder), params, target.vocabulary
+    cfg.replace(decoder=decoder),
+    params,
+    target.vocabulary,
+    partitioner=target.partitioner,
   )

@@ -21,6 +21,7 @@ tree node's window is counted from its own depth), and its own RoPE base.
 
 import flax.linen as nn
 import flax.struct
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
@@ -378,6 +379,28 @@ class Transformer(nn.Module):
     cross = self.prepare_decoder(encoder_tokens)
     logits, features, _ = self.decoder(decoder_input_tokens, cross)
     return logits, features
+
+
+def param_specs(config: T5GemmaConfig) -> dict[str, tuple[tuple, tuple]]:
+  """`'a/b/kernel'` -> `(logical axis names, shape)` of every parameter."""
+  boxed = jax.eval_shape(
+    Transformer(config).init, jax.random.key(0), *dummy_inputs()
+  )['params']
+  flat = flax.traverse_util.flatten_dict(boxed, sep='/')
+  return {
+    name: (tuple(box.names), tuple(box.value.shape))
+    for name, box in flat.items()
+  }
+
+
+# Logical axes of the decode state's leaves by rank: keys and values
+# `[B, L, K, Dh]` (the ring, the encoder's), slot tables and masks `[B, L]`,
+# the index `[B]`.
+STATE_AXES_BY_RANK = {
+  1: ('batch',),
+  2: ('batch', 'length'),
+  4: ('batch', 'length', 'heads', 'kv'),
+}
 
 
 def dummy_inputs() -> tuple[jax.Array, jax.Array]:
