@@ -48,6 +48,7 @@ from spec_decode.t5gemma.config import SLIDING
 from spec_decode.t5gemma.config import Rope
 from spec_decode.t5gemma.config import StackConfig
 from spec_decode.t5gemma.config import T5GemmaConfig
+from spec_decode.t5gemma.config import layer_pattern
 
 MODEL_TYPES = {'t5gemma': 1, 't5gemma2': 2}
 TOKENIZER_FILE = 'tokenizer.model'
@@ -108,15 +109,12 @@ def _stack(d: dict, version: int, what: str) -> StackConfig:
   n = int(d['num_hidden_layers'])
   types = d.get('layer_types')
   if types is None:
-    every = _PATTERN[version]
-    types = [
-      'sliding_attention' if (i + 1) % every else 'full_attention'
-      for i in range(n)
-    ]
-  try:
-    layer_types = tuple(_LAYER_TYPES[t] for t in types)
-  except KeyError as e:
-    raise CheckpointError(f'{what}: unknown layer type {e}') from None
+    layer_types = layer_pattern(n, _PATTERN[version])
+  else:
+    try:
+      layer_types = tuple(_LAYER_TYPES[t] for t in types)
+    except KeyError as e:
+      raise CheckpointError(f'{what}: unknown layer type {e}') from None
   rope = d.get('rope_parameters') or {}
   if version == 1:
     glob = loc = _rope(
