@@ -136,12 +136,8 @@ def read(
   """
   fmt, directory = detect_format(path)
   if fmt == HUGGING_FACE and t5gemma_hf.is_t5gemma(directory):
-    if shardings is not None:
-      raise CheckpointError(
-        f'{directory}: T5Gemma models load unsharded (no partitioner yet)'
-      )
     config, params, vocab = t5gemma_hf.read(
-      directory, config, dtype, vocabulary or fallback_vocabulary
+      directory, config, dtype, vocabulary or fallback_vocabulary, shardings
     )
     return Checkpoint(config, params, vocab, fmt)
   wrap = _progress_bar(directory) if progress else None

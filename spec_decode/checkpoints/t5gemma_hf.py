@@ -48,6 +48,7 @@ from spec_decode.t5gemma.config import SLIDING
 from spec_decode.t5gemma.config import Rope
 from spec_decode.t5gemma.config import StackConfig
 from spec_decode.t5gemma.config import T5GemmaConfig
+from spec_decode.t5gemma.config import layer_pattern
 
 MODEL_TYPES = {'t5gemma': 1, 't5gemma2': 2}
 TOKENIZER_FILE = 'tokenizer.model'
@@ -108,15 +109,12 @@ def _stack(d: dict, version: int, what: str) -> StackConfig:
   n = int(d['num_hidden_layers'])
   types = d.get('layer_types')
   if types is None:
-    every = _PATTERN[version]
-    types = [
-      'sliding_attention' if (i + 1) % every else 'full_attention'
-      for i in range(n)
-    ]
-  try:
-    layer_types = tuple(_LAYER_TYPES[t] for t in types)
-  except KeyError as e:
-    raise CheckpointError(f'{what}: unknown layer type {e}') from None
+    layer_types = layer_pattern(n, _PATTERN[version])
+  else:
+    try:
+      layer_types = tuple(_LAYER_TYPES[t] for t in types)
+    except KeyError as e:
+      raise CheckpointError(f'{what}: unknown layer type {e}') from None
   rope = d.get('rope_parameters') or {}
   if version == 1:
     glob = loc = _rope(
@@ -267,8 +265,13 @@ def read(
   config: T5GemmaConfig | None = None,
   dtype: Any = None,
   vocabulary: Any = None,
+  shardings: Any = None,
 ):
   """Config, parameter tree and vocabulary of a T5Gemma directory.
+
+  `shardings` (config -> `{'a/b/kernel': Sharding}`, as `checkpoints.read`
+  takes it): each tensor goes into its shards as it is read, so device
+  memory never holds a whole copy (the host holds one tensor at a time).
 
   Returns:
     `(config, params, vocabulary)`.
@@ -326,11 +329,16 @@ def read(
     problems.append(f'unexpected tensors {extra[:5]}')
   if problems:
     raise CheckpointError(f'{main}: ' + '; '.join(problems[:8]))
+  placed = shardings(config) if shardings is not None else {}
   flat = {}
   for ours in shapes:
     hf_name, transpose = names[ours]
     arr = files.read(hf_name)
     arr = arr.T if transpose else arr
-    flat[ours] = np.ascontiguousarray(to_dtype(arr, config.param_dtype))
-  params = flax.traverse_util.unflatten_dict(flat, sep='/')
-  return config, jax.tree.map(jax.numpy.asarray, params), vocab
+    arr = np.ascontiguousarray(to_dtype(arr, config.param_dtype))
+    flat[ours] = (
+      jax.device_put(arr, placed[ours])
+      if ours in placed
+      else jax.numpy.asarray(arr)
+    )
+  return config, flax.traverse_util.unflatten_dict(flat, sep='/'), vocab

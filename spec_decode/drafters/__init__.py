@@ -11,7 +11,9 @@ Pass any of them as `draft=` to `spec_decode.generate`.
   heads.py         Medusa / blockwise-parallel heads on the target's features
   feature.py       an EAGLE-style feature draft: T5 decoder layers over the
                    target's features and encoder keys/values
+  feature_t5gemma.py  the same with T5Gemma layers, for a T5Gemma target
   early_exit.py    the target's first k decoder layers as its own draft
+  early_exit_t5gemma.py  the same for a T5Gemma target (its ring cache)
   hierarchical.py  a draft model sped up by a draft of its own
 """
 

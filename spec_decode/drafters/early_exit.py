@@ -46,7 +46,9 @@ from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import tree_draft
 from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.drafters import early_exit_t5gemma
 from spec_decode.models import t5_model
+from spec_decode.models import t5gemma_model
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 
@@ -79,11 +81,14 @@ class EarlyExit:
 
   @classmethod
   def of(cls, target: t5_model.Model, num_layers: int) -> 'EarlyExit':
-    """The draft of `target`'s first `num_layers` decoder layers.
+    """The draft of `target`'s first `num_layers` decoder layers (a
+    `T5GemmaEarlyExit` for a T5Gemma target: its cache is a ring).
 
     Raises:
       ValueError: `num_layers` is not in [1, the target's layers].
     """
+    if isinstance(target, t5gemma_model.T5GemmaModel):
+      return early_exit_t5gemma.T5GemmaEarlyExit.of(target, num_layers)
     layers = target.config.num_decoder_layers
     if isinstance(num_layers, bool) or not 1 <= int(num_layers) <= layers:
       raise ValueError(

@@ -67,8 +67,10 @@ from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import tree_draft
 from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.drafters import feature_t5gemma
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.models import t5_model
+from spec_decode.models import t5gemma_model
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import T5Config
@@ -208,12 +210,13 @@ class FeatureDraft:
     from_target: bool = True,
     cross_layers: tuple[int, ...] | None = None,
   ) -> 'FeatureDraft':
-    """A fresh draft for `target`.
+    """A fresh draft for `target` (a `T5GemmaFeatureDraft` for a T5Gemma
+    target: T5Gemma layers).
 
     Args:
       target: the target `Model`.
       num_layers: draft decoder layers.
-      mlp_dim: their MLP width (default the target's).
+      mlp_dim: their MLP width (default the target's; T5Gemma: only that).
       seed: initialization seed.
       from_target: start each draft layer as a copy of the target layer
         whose keys and values it reads (and the relative-position table and
@@ -222,6 +225,12 @@ class FeatureDraft:
       cross_layers: target layers read by each draft layer (default the
         last `num_layers`).
     """
+    if isinstance(target, t5gemma_model.T5GemmaModel):
+      if mlp_dim is not None:
+        raise ValueError('a T5Gemma feature draft has the target MLP width')
+      return feature_t5gemma.T5GemmaFeatureDraft.init(
+        target, num_layers, seed, from_target, cross_layers
+      )
     tcfg = target.config
     if num_layers < 1:
       raise ValueError(f'num_layers must be >= 1, got {num_layers}')

@@ -164,7 +164,7 @@ class Model:
     """Loads our orbax directory, a Hugging Face T5 dir or a T5X checkpoint.
 
     A Hugging Face T5Gemma or T5Gemma 2 directory gives a `T5GemmaModel`
-    (unsharded: `partitioner` must be None).
+    (sharded too: query and key/value heads on `model`).
 
     Args:
       path: our directory, a Hugging Face T5 directory, or a T5X checkpoint
@@ -208,7 +208,9 @@ class Model:
       fallback_vocabulary=gin_vocab,
     )
     if isinstance(ckpt.config, T5GemmaConfig):
-      return T5GemmaModel(ckpt.config, ckpt.params, ckpt.vocabulary)
+      return T5GemmaModel(
+        ckpt.config, ckpt.params, ckpt.vocabulary, partitioner=partitioner
+      )
     return cls(
       ckpt.config, ckpt.params, ckpt.vocabulary, partitioner=partitioner
     )

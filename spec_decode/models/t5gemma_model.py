@@ -48,20 +48,32 @@ class T5GemmaModel:
     config: the `T5GemmaConfig` (static).
     params: the parameter tree (`t5gemma/network.py`).
     vocabulary: optional sentencepiece vocabulary (static).
+    partitioner: None, or the `spec_decode.Partitioner` (static) whose mesh
+      holds the parameters (query and key/value heads, MLP and vocabulary
+      on `model`); the decode state is then constrained to it (rows on
+      `data`, key/value heads on `model`: `network.STATE_AXES_BY_RANK`).
   """
 
-  def __init__(self, config: T5GemmaConfig, params: Any, vocabulary=None):
+  def __init__(
+    self,
+    config: T5GemmaConfig,
+    params: Any,
+    vocabulary=None,
+    *,
+    partitioner: Any = None,
+  ):
     self.config = config
     self.params = params
     self.vocabulary = vocabulary
+    self.partitioner = partitioner
 
   # -- pytree ---------------------------------------------------------------
   def tree_flatten(self):
-    return (self.params,), (self.config, self.vocabulary)
+    return (self.params,), (self.config, self.vocabulary, self.partitioner)
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    return cls(aux[0], children[0], aux[1])
+    return cls(aux[0], children[0], aux[1], partitioner=aux[2])
 
   def __repr__(self) -> str:
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
@@ -84,13 +96,17 @@ class T5GemmaModel:
     return cls(config, nn.meta.unbox(variables['params']), vocabulary)
 
   @classmethod
-  def load(cls, path: str, **kwargs) -> 'T5GemmaModel':
+  def load(cls, path: str, partitioner: Any = None, **kwargs) -> 'T5GemmaModel':
     """A Hugging Face T5Gemma or T5Gemma 2 directory (`Model.load` reads
-    them too and hands them here); `kwargs` as `checkpoints.read`'s."""
-    ckpt = checkpoints.read(path, **kwargs)
+    them too and hands them here); each tensor goes into its shards on
+    `partitioner`'s mesh as it is read; `kwargs` as `checkpoints.read`'s."""
+    shardings = partitioner.param_shardings_flat if partitioner else None
+    ckpt = checkpoints.read(path, shardings=shardings, **kwargs)
     if not isinstance(ckpt.config, T5GemmaConfig):
       raise checkpoints.CheckpointError(f'{path}: not a T5Gemma checkpoint')
-    return cls(ckpt.config, ckpt.params, ckpt.vocabulary)
+    return cls(
+      ckpt.config, ckpt.params, ckpt.vocabulary, partitioner=partitioner
+    )
 
   def param_axes(self) -> Any:
     """Logical axis names per parameter, as a tree of `PartitionSpec`s."""
@@ -150,6 +166,11 @@ class T5GemmaModel:
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
+  @property
+  def feature_size(self) -> int:
+    """D of the features `score_with_features` returns."""
+    return self.config.decoder.emb_dim
+
   def init_state(self, encoder_tokens, length: int) -> T5GemmaDecodeState:
     cfg = self.config
     cross = self.module.apply(
@@ -160,7 +181,12 @@ class T5GemmaModel:
     cache = cache_lib.RingKVCache.zeros(
       cfg.decoder, encoder_tokens.shape[0], length, cfg.ring_margin, cfg.dtype
     )
-    return T5GemmaDecodeState(cross=cross, cache=cache)
+    return self._constrain(T5GemmaDecodeState(cross=cross, cache=cache))
+
+  def _constrain(self, state: T5GemmaDecodeState) -> T5GemmaDecodeState:
+    if self.partitioner is None:
+      return state
+    return self.partitioner.constrain_state(state, network.STATE_AXES_BY_RANK)
 
   def _decode(self, state, tokens, tree=None):
     return self.module.apply(
@@ -174,23 +200,23 @@ class T5GemmaModel:
 
   def score(self, state: T5GemmaDecodeState, tokens: jax.Array):
     logits, _, cache = self._decode(state, tokens)
-    return logits, state.replace(cache=cache)
+    return logits, self._constrain(state.replace(cache=cache))
 
   def score_with_features(self, state: T5GemmaDecodeState, tokens):
     """`score`, plus the final hidden states `[B, T, D]` float32."""
     logits, features, cache = self._decode(state, tokens)
-    return logits, features, state.replace(cache=cache)
+    return logits, features, self._constrain(state.replace(cache=cache))
 
   def score_tree(self, state: T5GemmaDecodeState, tokens, attention):
     """Scores tree nodes `tokens [B, T]` (`protocol.TreeLanguageModel`);
     the sliding window is counted from each node's own position."""
     logits, _, cache = self._decode(state, tokens, attention)
-    return logits, state.replace(cache=cache)
+    return logits, self._constrain(state.replace(cache=cache))
 
   def score_tree_with_features(self, state, tokens, attention):
     """`score_tree`, plus the final hidden states `[B, T, D]` float32."""
     logits, features, cache = self._decode(state, tokens, attention)
-    return logits, features, state.replace(cache=cache)
+    return logits, features, self._constrain(state.replace(cache=cache))
 
   def project(self, features: jax.Array) -> jax.Array:
     """Soft-capped logits `[..., V]` of final hidden states `[..., D]`."""
@@ -200,17 +226,28 @@ class T5GemmaModel:
       method=network.Transformer.project,
     ).astype(jnp.float32)
 
+  def embed(self, tokens: jax.Array) -> jax.Array:
+    """The decoder's scaled embeddings `[..., D]` of `tokens` (ids as
+    given: the caller reads position 0 as BOS)."""
+    return self.module.apply(
+      {'params': self.params},
+      tokens,
+      method=network.Transformer.embed_decoder,
+    )
+
   def commit_tree(self, state, slots, count) -> T5GemmaDecodeState:
     """Moves the accepted path to the next slots (`commit_path`)."""
-    return state.replace(cache=state.cache.commit_path(slots, count))
+    return self._constrain(
+      state.replace(cache=state.cache.commit_path(slots, count))
+    )
 
   def rollback(self, state, index) -> T5GemmaDecodeState:
-    return state.replace(cache=state.cache.rollback(index))
+    return self._constrain(state.replace(cache=state.cache.rollback(index)))
 
   def reorder_beams(self, state, rows) -> T5GemmaDecodeState:
     """Beam search's reorder: the self-attention cache follows `rows [N]`;
     the encoder's keys and values stay (equal across a row's beams)."""
-    return state.replace(cache=state.cache.gather(rows))
+    return self._constrain(state.replace(cache=state.cache.gather(rows)))
 
 
 def shift_right(tokens: jax.Array) -> jax.Array:

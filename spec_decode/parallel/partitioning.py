@@ -50,6 +50,8 @@ from jax.sharding import PartitionSpec
 from spec_decode.checkpoints import assemble
 from spec_decode.t5 import network
 from spec_decode.t5.config import T5Config
+from spec_decode.t5gemma import network as t5gemma_network
+from spec_decode.t5gemma.config import T5GemmaConfig
 
 DATA = 'data'
 MODEL = 'model'
@@ -268,7 +270,14 @@ class Partitioner:
 
   # -- parameters ------------------------------------------------------------
   def param_shardings_flat(self, config: T5Config) -> dict[str, NamedSharding]:
-    """`'a/b/kernel'` -> `NamedSharding`, from the network's logical axes."""
+    """`'a/b/kernel'` -> `NamedSharding`, from the network's logical axes
+    (T5's, or T5Gemma's for a `T5GemmaConfig`)."""
+    if isinstance(config, T5GemmaConfig):
+      specs = t5gemma_network.param_specs(config)
+      return {
+        name: self.sharding(axes, shape)
+        for name, (axes, shape) in specs.items()
+      }
     axes = flax.traverse_util.flatten_dict(
       network.logical_axes(config), sep='/'
     )
@@ -301,22 +310,28 @@ class Partitioner:
     """`with_sharding_constraint` by logical names (inside jit)."""
     return jax.lax.with_sharding_constraint(x, self.sharding(logical, x.shape))
 
-  def constrain_state(self, state: Any) -> Any:
+  def constrain_state(self, state: Any, axes_by_rank=None) -> Any:
     """Constrains a decode-state pytree: every leaf has a leading batch axis.
 
     Rank 4 leaves are keys/values `[B, H, Dh, L]` (batch on `data`, heads on
     `model`), rank 2 `[B, S]` masks and rank 1 `[B]` indices (batch on
-    `data`); other ranks are sharded on the batch only.
+    `data`); other ranks are sharded on the batch only. `axes_by_rank`
+    replaces those layouts (T5Gemma's `[B, L, K, Dh]`:
+    `t5gemma.network.STATE_AXES_BY_RANK`).
     """
 
     def one(x):
-      return jax.lax.with_sharding_constraint(x, self.state_sharding(x.shape))
+      return jax.lax.with_sharding_constraint(
+        x, self.state_sharding(x.shape, axes_by_rank)
+      )
 
     return jax.tree.map(one, state)
 
-  def state_sharding(self, shape: Sequence[int]) -> NamedSharding:
+  def state_sharding(
+    self, shape: Sequence[int], axes_by_rank=None
+  ) -> NamedSharding:
     """The sharding `constrain_state` gives a decode-state leaf of `shape`."""
-    axes = _STATE_AXES_BY_RANK.get(
+    axes = (axes_by_rank or _STATE_AXES_BY_RANK).get(
       len(shape), ('batch',) + (None,) * (len(shape) - 1)
     )
     return self.sharding(axes, tuple(shape))

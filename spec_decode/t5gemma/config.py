@@ -116,6 +116,23 @@ class StackConfig:
     return self.rope_local if layer_type == SLIDING else self.rope_global
 
 
+def layer_pattern(num_layers: int, global_every: int) -> tuple[str, ...]:
+  """transformers' default `layer_types`: every `global_every`-th layer
+  global, the others sliding (T5Gemma: 2, T5Gemma 2: 6, Gemma 3's
+  `sliding_window_pattern`)."""
+  return tuple(
+    SLIDING if (i + 1) % global_every else GLOBAL for i in range(num_layers)
+  )
+
+
+def pattern_stack(global_every: int, **fields) -> StackConfig:
+  """A `StackConfig` with `layer_pattern`'s layer types: what the gin size
+  files (`gin/models/t5gemma*/`) build, as they cannot spell out a
+  42-entry tuple per size."""
+  types = layer_pattern(fields['num_layers'], global_every)
+  return StackConfig(layer_types=types, **fields)
+
+
 @dataclasses.dataclass(frozen=True)
 class T5GemmaConfig:
   """T5Gemma (version 1) or T5Gemma 2 (version 2), text only.

@@ -2,8 +2,9 @@
 GeGLU, the scaled embedding and grouped-query attention with soft-capping.
 
 Kernels are stored 2-D `[in, out]` (transformers' `[out, in]` transposed)
-and carry logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`) for
-partitioning. Attention keys and values are laid out `[B, L, K, Dh]`.
+and carry logical axis names (`embed`, `heads` (H * Dh), `joined_kv`
+(K * Dh), `mlp`, `vocab`) for partitioning. Attention keys and values are
+laid out `[B, L, K, Dh]`.
 """
 
 import functools
@@ -155,8 +156,10 @@ class Attention(nn.Module):
     cfg, s = self.config, self.stack
     heads, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     self.query = Dense(cfg, heads, ('embed', 'heads'))
-    self.key = Dense(cfg, kv, ('embed', 'kv'))
-    self.value = Dense(cfg, kv, ('embed', 'kv'))
+    # Joined K * Dh: 'joined_kv', as T5's joined key/value heads (on
+    # `model` under the standard rules); 'kv' alone is a head's Dh.
+    self.key = Dense(cfg, kv, ('embed', 'joined_kv'))
+    self.value = Dense(cfg, kv, ('embed', 'joined_kv'))
     self.out = Dense(cfg, s.emb_dim, ('heads', 'embed'))
     if self.qk_norm:
       self.query_norm = RMSNorm(cfg, s.rms_eps)

@@ -21,6 +21,7 @@ tree node's window is counted from its own depth), and its own RoPE base.
 
 import flax.linen as nn
 import flax.struct
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
@@ -291,38 +292,57 @@ class Decoder(nn.Module):
       final norm) and the new cache (None without one; with a tree the
       index is unchanged).
     """
-    cfg, s = self.config, self.config.decoder
+    cfg = self.config
     b, t = tokens.shape
-    q_pos, new_slots, tables, visible = self_visibility(cfg, cache, b, t, tree)
+    q_pos = self_visibility(cfg, cache, b, t, tree)[0]
     tokens = jnp.where(q_pos == 0, cfg.bos_id, tokens)
-    rotary = _rotary(s, q_pos)
-    cross_visible = cross.encoder_valid[:, None, None, :]
     x = self._embedder()(tokens)
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      kv = None if cache is None else (cache.keys[i], cache.values[i])
-      lt = layer.layer_type
-      x, (k, v) = layer(
-        x,
-        rotary[lt],
-        visible[lt],
-        (cross.keys[i], cross.values[i]),
-        cross_visible,
-        kv,
-        new_slots,
-      )
-      new_k.append(k)
-      new_v.append(v)
+    x, cache = run_layers(cfg, self.layers, x, cross, cache, tree)
     features = self.norm(x)
     logits = self.project(features)
-    if cache is not None:
-      cache = cache_lib.RingKVCache(
-        keys=tuple(new_k),
-        values=tuple(new_v),
-        slots=tables,
-        index=cache.index if tree is not None else cache.index + t,
-      )
     return logits, features.astype(jnp.float32), cache
+
+  def embed(self, tokens: jax.Array) -> jax.Array:
+    """The decoder's scaled token embeddings `[..., D]` (ids as given)."""
+    return self._embedder()(tokens)
+
+
+def run_layers(config, layers, x, cross: CrossKV, cache=None, tree=None):
+  """`DecoderLayer`s over embedded inputs `x [B, T, D]` (the decoder's, or
+  a feature draft's): positions, visibility and RoPE from `cache` and
+  `tree` as `Decoder.__call__` describes.
+
+  Returns:
+    The last layer's output `[B, T, D]` and the new cache (None without
+    one; with a tree the index is unchanged).
+  """
+  b, t = x.shape[:2]
+  q_pos, new_slots, tables, visible = self_visibility(config, cache, b, t, tree)
+  rotary = _rotary(config.decoder, q_pos)
+  cross_visible = cross.encoder_valid[:, None, None, :]
+  new_k, new_v = [], []
+  for i, layer in enumerate(layers):
+    kv = None if cache is None else (cache.keys[i], cache.values[i])
+    lt = layer.layer_type
+    x, (k, v) = layer(
+      x,
+      rotary[lt],
+      visible[lt],
+      (cross.keys[i], cross.values[i]),
+      cross_visible,
+      kv,
+      new_slots,
+    )
+    new_k.append(k)
+    new_v.append(v)
+  if cache is not None:
+    cache = cache_lib.RingKVCache(
+      keys=tuple(new_k),
+      values=tuple(new_v),
+      slots=tables,
+      index=cache.index if tree is not None else cache.index + t,
+    )
+  return x, cache
 
 
 class Transformer(nn.Module):
@@ -351,11 +371,36 @@ class Transformer(nn.Module):
   def project(self, features: jax.Array) -> jax.Array:
     return self.decoder.project(features)
 
+  def embed_decoder(self, tokens: jax.Array) -> jax.Array:
+    return self.decoder.embed(tokens)
+
   def __call__(self, encoder_tokens, decoder_input_tokens):
     """Teacher-forced `(logits [B, T, V], features [B, T, D])`."""
     cross = self.prepare_decoder(encoder_tokens)
     logits, features, _ = self.decoder(decoder_input_tokens, cross)
     return logits, features
+
+
+def param_specs(config: T5GemmaConfig) -> dict[str, tuple[tuple, tuple]]:
+  """`'a/b/kernel'` -> `(logical axis names, shape)` of every parameter."""
+  boxed = jax.eval_shape(
+    Transformer(config).init, jax.random.key(0), *dummy_inputs()
+  )['params']
+  flat = flax.traverse_util.flatten_dict(boxed, sep='/')
+  return {
+    name: (tuple(box.names), tuple(box.value.shape))
+    for name, box in flat.items()
+  }
+
+
+# Logical axes of the decode state's leaves by rank: keys and values
+# `[B, L, K, Dh]` (the ring, the encoder's), slot tables and masks `[B, L]`,
+# the index `[B]`.
+STATE_AXES_BY_RANK = {
+  1: ('batch',),
+  2: ('batch', 'length'),
+  4: ('batch', 'length', 'heads', 'kv'),
+}
 
 
 def dummy_inputs() -> tuple[jax.Array, jax.Array]:
