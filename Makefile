@@ -100,6 +100,7 @@ bench: install
 	$(PY) -m spec_decode.main bench beam --out bench_beam.json
 	$(PY) -m spec_decode.main bench on_target --out bench_on_target.json
 	$(PY) -m spec_decode.main bench sum_blocks --out bench_sum_blocks.json
+	$(PY) -m spec_decode.main bench infer --out bench_infer.json
 
 # The decoding checks that matter on a new backend (greedy identity of chains,
 # trees and beams, a whole-sequence distribution test, a one-device mesh).

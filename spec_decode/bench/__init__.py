@@ -15,6 +15,7 @@ never asserted by a unit test.
   load.py             load time and peak memory of each checkpoint format
   memory.py           bytes per device, measured against the capacity plan
   provenance.py       the loop with and without tokens' provenance (its cost)
+  infer.py            the infer job, plain against speculative (predictions/s)
   sum_blocks.py       float32 sums in blocks against XLA's (cost, precision)
   accel/              the accelerator bench (`bench accel`), in a budget
   beam/               speculative against plain beam search

@@ -70,6 +70,11 @@ BENCHMARKS = {
     'spec_decode.bench.beam.search',
     'plain vs speculative beam search: wall time and steps per target call',
   ),
+  'infer': (
+    'spec_decode.bench.infer',
+    'the infer job on the demo pair: predictions per second, plain vs '
+    'speculative',
+  ),
   'provenance': (
     'spec_decode.bench.provenance',
     "the loop with and without each token's provenance, side by side",

@@ -32,7 +32,8 @@ class Decoder:
 
   Attributes:
     target: the target model.
-    draft: the draft (a model or a drafter).
+    draft: the draft (a model or a drafter); None decodes plainly (the
+      same job without speculation: `bench infer`'s comparison).
     settings: the run's `InferSettings`.
   """
 
@@ -71,7 +72,11 @@ class Decoder:
       if s.gamma_value == 'auto':
         kw['max_auto_gamma'] = s.max_auto_gamma
       out = sd.beam_search(self.target, enc, **kw)
-      stats = decoding.BeamSpecStats.of(out, s.num_beams)
+      stats = (
+        None
+        if self.draft is None
+        else decoding.BeamSpecStats.of(out, s.num_beams)
+      )
       result = decoding.BeamDecode(
         out.tokens[:, 0], out.lengths[:, 0], out, stats
       )
@@ -84,7 +89,7 @@ class Decoder:
       verifier=self._verifier,
       dynamic_gamma=s.dynamic_gamma or False,
     )
-    if s.tree is not None:
+    if s.tree is not None and self.draft is not None:
       # Trees verify exactly (recursive rejection): no chain verifier.
       del kw['verifier'], kw['dynamic_gamma']
       kw['tree'] = list(s.tree) if isinstance(s.tree, tuple) else s.tree
@@ -139,7 +144,18 @@ def line(
 
 def row_stats(out: Any, r: int, tokens: list[int], width: int, max_len: int):
   """What the summary adds up for row r: `tokens`, `calls` (target
-  calls), `beta_sum` and `tested` (alpha's parts), `ran_out` (no EOS)."""
+  calls), `beta_sum` and `tested` (alpha's parts), `ran_out` (no EOS).
+  Plain decoding (no draft: `out.stats` is None) makes one target call per
+  token (beam search: per step) and tests no draft token."""
+  if out.stats is None:
+    beams = getattr(out, 'beams', None)
+    return {
+      'tokens': len(tokens),
+      'calls': len(tokens) if beams is None else int(beams.steps[r]),
+      'beta_sum': 0.0,
+      'tested': 0,
+      'ran_out': outcomes.ran_out(tokens, max_len),
+    }
   rec = decoding.row_spec_record(out.stats, r, tokens, width)
   return {
     'tokens': len(tokens),

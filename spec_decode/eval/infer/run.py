@@ -58,7 +58,9 @@ def infer(
   Args:
     target: the target model (with a `vocabulary`, or set
       `settings.vocabulary`).
-    draft: the draft (same vocabulary).
+    draft: the draft (same vocabulary); None decodes plainly with the
+      target alone (the same files; `spec-decode bench infer` compares
+      the two).
     settings: what to decode and how.
     output_dir: where the files go (`infer/chunks.py`).
     overwrite: replace a run with other settings in `output_dir`.

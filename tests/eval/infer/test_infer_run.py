@@ -219,3 +219,15 @@ def test_sampling_with_per_example_seeds_repeats_and_depends_on_the_seed(
   first = run('a', 0)
   assert run('b', 0) == first
   assert run('c', 7) != first
+
+
+def test_no_draft_decodes_plainly_into_the_same_files(models, full, tmp_path):
+  """The job without a draft (the bench's plain side): the same greedy
+  predictions, one target call per token, no draft token tested."""
+  out = str(tmp_path / 'plain')
+  summary = infer_lib.infer(models[0], None, _settings(), output_dir=out, **RUN)
+  assert [x['prediction'] for x in _lines(out)] == [
+    x['prediction'] for x in _lines(full[0])
+  ]
+  assert summary['target_calls'] == summary['tokens']
+  assert summary['tokens_per_call'] == 1.0 and summary['alpha'] is None
