@@ -15,7 +15,9 @@ is `infer/cli.py`), T5X's `infer.py` with a draft. One run:
    so that a rerun resumes after the last chunk written, and at the end
    T5X's `{task}-{mode}.jsonl-00000-of-00001` per (sub)task and
    `infer_summary.json`: examples and tokens per second, target calls,
-   tokens per call, alpha, the share of outputs without EOS.
+   tokens per call, alpha, the share of outputs without EOS; with
+   `page_examples`, examples.html draws the first predictions as the
+   paper's Figure 1 (`infer/page.py`).
 
 A tqdm bar shows examples/s, tokens/s and alpha as it goes.
 """
@@ -32,6 +34,7 @@ from spec_decode.eval import task_data
 from spec_decode.eval.infer import chunks as chunks_lib
 from spec_decode.eval.infer import decode as decode_lib
 from spec_decode.eval.infer import inputs as inputs_lib
+from spec_decode.eval.infer import page as page_lib
 from spec_decode.eval.infer import settings as settings_lib
 from spec_decode.t5 import vocab as vocab_lib
 
@@ -142,6 +145,8 @@ def infer(
   if hosts.writer:
     rows = chunks_lib.read_chunks(output_dir, -(-total // per_chunk))
     summary = _summary(rows, counts, s, hosts)
+    if s.page_examples:
+      page_lib.write(output_dir, rows, data.decode, summary)
     chunks_lib.merge(output_dir, rows, s.mode, summary, state)
     summary = chunks_lib.read_summary(output_dir)
   return hosts.share(summary)
@@ -205,23 +210,29 @@ def _batch(
     if not hosts.writer:
       continue
     feature = data.features[i]
+    provenance = decoding.row_provenance(out, r, tokens)
     obj = decode_lib.line(
       feature['pretokenized'],
       data.decode(tokens),
       tokens,
       s,
       None if scores is None else scores[r],
-      decoding.row_provenance(out, r, tokens),
+      provenance,
     )
-    rows.append(
-      {
-        'index': i,
-        'task': feature['subtask'],
-        'line': obj,
-        **stats,
-        'seconds': seconds / len(indices),
+    row = {
+      'index': i,
+      'task': feature['subtask'],
+      'line': obj,
+      **stats,
+      'seconds': seconds / len(indices),
+    }
+    if i < s.page_examples:  # examples.html draws it (`infer/page.py`).
+      row['page'] = {
+        'input': data.examples[i]['inputs'],
+        'tokens': tokens,
+        **provenance,
       }
-    )
+    rows.append(row)
   return rows
 
 

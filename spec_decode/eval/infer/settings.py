@@ -83,6 +83,8 @@ class InferSettings(settings_lib.EvalSettings):
     checkpoint_period: batches per chunk (T5X's `infer.checkpoint_period`):
       each chunk is written whole before the next starts, and a rerun
       resumes after the last one written.
+    page_examples: draw the first this many predictions as the paper's
+      Figure 1 in examples.html (`infer/page.py`); 0 writes no page.
   """
 
   num_examples: int | None = None
@@ -95,6 +97,7 @@ class InferSettings(settings_lib.EvalSettings):
   provenance: bool = False
   output_ids: bool = False
   checkpoint_period: int = 100
+  page_examples: int = 0
 
   def checked_task(self, value: Any) -> str | None:
     """With an input file the task is not read (nor checked)."""
@@ -120,6 +123,9 @@ class InferSettings(settings_lib.EvalSettings):
     period = self.checkpoint_period
     if isinstance(period, bool) or not isinstance(period, int) or period < 1:
       raise _fail('checkpoint_period', 'an int >= 1', period)
+    pages = self.page_examples
+    if isinstance(pages, bool) or not isinstance(pages, int) or pages < 0:
+      raise _fail('page_examples', 'an int >= 0', pages)
     if values['id_field'] and not values['input_field']:
       raise _fail('id_field', 'None without input_field (a JSONL file)', True)
     if self.gamma != 'auto' and len(self.gamma) > 1:
@@ -164,4 +170,5 @@ class InferSettings(settings_lib.EvalSettings):
       'provenance': self.provenance,
       'output_ids': self.output_ids,
       'checkpoint_period': self.checkpoint_period,
+      'page_examples': self.page_examples,
     }

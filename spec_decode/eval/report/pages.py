@@ -46,7 +46,7 @@ _CLASS = {
   prov.BONUS: 'bon',
   prov.TARGET: 'tgt',
 }
-_STYLE = f"""
+STYLE = f"""
 body {{ font-family: sans-serif; margin: 1.2em; max-width: 72em;
   color: #222; }}
 h1 {{ font-size: 1.3em; }}
@@ -121,7 +121,7 @@ def coloured(
   return ''.join(parts)
 
 
-def _legend() -> str:
+def legend() -> str:
   items = [
     _span('acc', 'accepted draft token'),
     _span('rej', 'rejected draft token'),
@@ -260,7 +260,7 @@ def page(
     + '.</p>'
   )
   if not beam:
-    head += _legend()
+    head += legend()
   if r.get('sweep'):
     head += f'<p class="meta">A γ sweep: the outputs shown are γ = {key}.</p>'
   images = ''.join(
@@ -275,7 +275,7 @@ def page(
   return (
     '<!DOCTYPE html><html><head><meta charset="utf-8">'
     f'<title>spec_decode: {html.escape(str(r["task"]))}</title>'
-    f'<style>{_STYLE}</style></head><body>{head}<p>{images}</p>{body}'
+    f'<style>{STYLE}</style></head><body>{head}<p>{images}</p>{body}'
     '</body></html>\n'
   )
 

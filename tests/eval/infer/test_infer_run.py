@@ -231,3 +231,15 @@ def test_no_draft_decodes_plainly_into_the_same_files(models, full, tmp_path):
   ]
   assert summary['target_calls'] == summary['tokens']
   assert summary['tokens_per_call'] == 1.0 and summary['alpha'] is None
+
+
+def test_a_page_draws_the_first_predictions_as_figure_1(models, tmp_path):
+  out = str(tmp_path / 'page')
+  infer_lib.infer(*models, _settings(page_examples=2), output_dir=out, **RUN)
+  with open(os.path.join(out, 'examples.html'), encoding='utf-8') as f:
+    page = f.read()
+  assert page.count('class="ex"') == 2 and '#0 ·' in page and '#1 ·' in page
+  assert 'class="it"' in page  # A bar per target call, from provenance.
+  assert 'accepted draft token' in page  # The legend.
+  with pytest.raises(ValueError, match='page_examples'):
+    _settings(page_examples=-1)
