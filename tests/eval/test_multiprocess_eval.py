@@ -25,28 +25,23 @@ two cores, so all are marked `multiprocess`: `make test` leaves them out
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
+import _process_util as process_util
 import pytest
 
-import spec_decode as sd
 from spec_decode.eval import report
 from spec_decode.eval import run as eval_lib
 from spec_decode.eval import t5x_run_cli
 
-REPO = os.path.dirname(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
-HEARTBEAT_SECONDS = 5
+REPO = process_util.REPO
+HEARTBEAT_SECONDS = process_util.HEARTBEAT_SECONDS
 # A killed peer is noticed after the heartbeat timeout; what is left is the
 # survivor's start-up and shutdown on a loaded machine.
 DEATH_DEADLINE_SECONDS = 120
-RUN_TIMEOUT_SECONDS = 480
+RUN_TIMEOUT_SECONDS = process_util.RUN_TIMEOUT_SECONDS
 # Figures that depend on the mesh, not on the decoded tokens.
 MESH_KEYS = ('mesh', 'num_processes', 'memory')
 
@@ -54,22 +49,7 @@ MESH_KEYS = ('mesh', 'num_processes', 'memory')
 @pytest.fixture(scope='module')
 def pair(tmp_path_factory):
   """Checkpoints of a tiny target and a draft close to it."""
-  root = tmp_path_factory.mktemp('pair')
-  vocab = eval_lib.task_vocabulary('synthetic_tiny', vocab_size=64)
-  config = sd.T5Config.from_gin(
-    os.path.join(REPO, 'gin/models/t5_1_1/tiny.gin'), vocab_size=64
-  )
-  target = sd.Model.init(config, seed=0, vocabulary=vocab)
-  rng = np.random.default_rng(1)
-  draft = target.with_params(
-    jax.tree.map(
-      lambda x: np.asarray(x) + 0.05 * rng.standard_normal(x.shape),
-      target.params,
-    )
-  )
-  target.save(str(root / 'target'))
-  draft.save(str(root / 'draft'))
-  return str(root / 'target'), str(root / 'draft')
+  return process_util.tiny_pair(str(tmp_path_factory.mktemp('pair')))
 
 
 def _flags(pair, out, *extra):
@@ -91,22 +71,7 @@ def _flags(pair, out, *extra):
   ]
 
 
-def _env(devices, **extra):
-  env = dict(os.environ)
-  env.update(
-    JAX_PLATFORMS='cpu',
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-    PYTHONUNBUFFERED='1',
-    **{k: str(v) for k, v in extra.items()},
-  )
-  for name in (
-    'JAX_COORDINATOR_ADDRESS',
-    'JAX_NUM_PROCESSES',
-    'JAX_PROCESS_ID',
-  ):
-    if name not in extra:
-      env.pop(name, None)
-  return env
+_env = process_util.env
 
 
 def _eval_command(flags):
@@ -187,48 +152,15 @@ def test_t5x_partitioner_bindings_set_the_mesh_macros():
 # -- two processes ----------------------------------------------------------
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _start_pair(pair, outs, *extra):
   """Two `spec-decode eval` processes (4 host devices each), one mesh."""
-  port = _free_port()
-  procs = []
-  for i, out in enumerate(outs):
-    env = _env(
-      4,
-      JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
-      JAX_NUM_PROCESSES=2,
-      JAX_PROCESS_ID=i,
-      SPEC_DECODE_HEARTBEAT_TIMEOUT=HEARTBEAT_SECONDS,
-    )
-    procs.append(
-      subprocess.Popen(
-        _eval_command(_flags(pair, out, '--gin.NUM_PARTITIONS=2', *extra)),
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-      )
-    )
-  return procs
+  return process_util.start_pair(
+    [sys.executable, '-m', 'spec_decode.main', 'eval'],
+    lambda i: _flags(pair, outs[i], '--gin.NUM_PARTITIONS=2', *extra),
+  )
 
 
-def _finish(procs, timeout=RUN_TIMEOUT_SECONDS):
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append(p.communicate(timeout=timeout)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  return [p.returncode for p in procs], outputs
+_finish = process_util.finish
 
 
 @pytest.mark.multiprocess
