@@ -7,6 +7,8 @@ uses them, so the loops compile once per shape for the module.
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -243,3 +245,38 @@ def test_a_page_draws_the_first_predictions_as_figure_1(models, tmp_path):
   assert 'accepted draft token' in page  # The legend.
   with pytest.raises(ValueError, match='page_examples'):
     _settings(page_examples=-1)
+
+
+def test_a_file_of_inputs_needs_no_seqio(tmp_path):
+  """A process where seqio and TensorFlow cannot be imported (as after `make
+  install EXTRAS=test,hf,metrics`) runs `spec-decode infer` on a text file
+  with random tiny models."""
+  path = tmp_path / 'in.txt'
+  path.write_text('translate English to German: the cat .\nthe dog .\n')
+  out = tmp_path / 'out'
+  argv = [
+    '--gin_file=smoke_synthetic',
+    '--gin.MAX_DECODE_LEN=6',
+    f'--gin.INPUT_FILE={str(path)!r}',
+    f'--output_dir={out}',
+    '--no_progress',
+  ]
+  script = (
+    'import sys\n'
+    "sys.modules['seqio'] = None\n"  # `import seqio` now raises.
+    "sys.modules['tensorflow'] = None\n"
+    'from spec_decode.eval.infer import cli\n'
+    f'sys.exit(cli.main({argv!r}))\n'
+  )
+  proc = subprocess.run(
+    [sys.executable, '-c', script],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = _lines(str(out), task='in')
+  assert len(lines) == 2 and lines[1]['inputs']['inputs_pretokenized'] == (
+    'the dog .'
+  )
