@@ -31,15 +31,15 @@ ENCODER = np.array(
 )
 
 
-def _stack(layers: int, hidden: int = 32, heads: int = 4, kv: int = 2):
+def _stack(layers: int, hidden: int = 32, vocab_size: int = V):
   types = ['sliding_attention', 'full_attention'] * layers
   return dict(
-    vocab_size=V,
+    vocab_size=vocab_size,
     hidden_size=hidden,
     intermediate_size=48,
     num_hidden_layers=layers,
-    num_attention_heads=heads,
-    num_key_value_heads=kv,
+    num_attention_heads=4,
+    num_key_value_heads=2,
     head_dim=8,
     sliding_window=WINDOW,
     query_pre_attn_scalar=8,
@@ -82,17 +82,20 @@ def tiny_config(version: int, layers: int, vocab_size: int = V,
 
 
 def hf_model(version: int, encoder_layers: int = 3, decoder_layers: int = 3,
-             seed: int = 0, hidden: int = 32):  # fmt: skip
+             seed: int = 0, hidden: int = 32, vocab_size: int = V):  # fmt: skip
   """A transformers model with every weight drawn at random (eager
   attention: the path that has soft-capping)."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(seed)
-  enc, dec = _stack(encoder_layers, hidden), _stack(decoder_layers, hidden)
+  enc = _stack(encoder_layers, hidden, vocab_size)
+  dec = _stack(decoder_layers, hidden, vocab_size)
   if version == 1:
     enc['attn_logit_softcapping'] = dec['attn_logit_softcapping'] = 2.0
-    config = transformers.T5GemmaConfig(encoder=enc, decoder=dec, vocab_size=V)
+    config = transformers.T5GemmaConfig(
+      encoder=enc, decoder=dec, vocab_size=vocab_size
+    )
     cls = transformers.T5GemmaForConditionalGeneration
   else:
     rope = {

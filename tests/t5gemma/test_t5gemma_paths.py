@@ -8,32 +8,38 @@ verdict is a pass on the correct pair and a fail on a draft that lies
 about its q (a negative control).
 """
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _distribution_util import WrappedDrafter
 from _t5gemma_util import ENCODER
 from _t5gemma_util import hf_model
 from _t5gemma_util import save
 
 import spec_decode as sd
+from spec_decode.core import model_drafter
 from spec_decode.drafters.early_exit_t5gemma import T5GemmaEarlyExit
 from spec_decode.drafters.early_exit_t5gemma import truncated
 from spec_decode.drafters.feature_t5gemma import T5GemmaFeatureDraft
 from spec_decode.eval import verify_cli
+from spec_decode.tree import auto as tree_auto
 
 pytest.importorskip('transformers')
 
 LENGTH = 20
 # One sampler, few samples: the check's own statistics are tested in
-# tests/check; here the T5Gemma pair goes through every check once.
+# tests/check; here the T5Gemma pair goes through every check once. At
+# 2000 samples the lying draft's control was not rejected (p = 0.002
+# against a Bonferroni share of 5e-4 on T5Gemma 2's flat tiny model).
 FAST = dict(
-  num_samples=2000, batch_size=1000, gammas=(3,), num_inputs=4,
+  num_samples=4000, batch_size=2000, gammas=(3,), num_inputs=4,
   max_decode_len=8,
 )  # fmt: skip
 CLI_FAST = [
-  '--num_samples=2000',
-  '--batch_size=1000',
+  '--num_samples=4000',
+  '--batch_size=2000',
   '--gammas=3',
   '--num_inputs=4',
   '--max_decode_len=8',
@@ -79,8 +85,18 @@ def test_auto_gamma_equals_plain(models):
   np.testing.assert_array_equal(out.tokens, plain)
 
 
-def test_auto_tree_equals_plain(models):
+def test_auto_tree_equals_plain(models, monkeypatch):
+  """The calibration tree (76 nodes and its root in one call: the ring's
+  widest) and the chosen tree. The cost fit gets fixed seconds instead of
+  timing seven tree shapes (a compile each, most of this test's time
+  otherwise): exactness does not depend on which tree is chosen."""
   target, draft, plain = models
+
+  def fixed_seconds(model, draft, enc, settings, shapes=tree_auto.TIMED):
+    del model, draft, enc, settings
+    return {b: 1e-3 * (1 + sum(np.cumprod(b))) for b in shapes}
+
+  monkeypatch.setattr(tree_auto, 'iteration_seconds', fixed_seconds)
   out = sd.generate(
     target, ENCODER, draft=draft, tree='auto', max_decode_len=LENGTH
   )
@@ -91,6 +107,27 @@ def test_verify_passes_the_pair(models):
   target, draft, _ = models
   report = sd.verify(target, draft, samplers=(sd.Sampler(1.0),), **FAST)
   assert report.passed, report.table()
+
+
+@flax.struct.dataclass(kw_only=True)
+class SharpenedQ(WrappedDrafter):
+  """Broken on purpose: draws from the draft's q, reports norm(q^2)."""
+
+  def propose(self, state, context, settings):
+    proposal, state = self.inner.propose(state, context, settings)
+    if proposal.q is None:  # Greedy: no q to lie about.
+      return proposal, state
+    q2 = proposal.q**2
+    return proposal.replace(q=q2 / q2.sum(-1, keepdims=True)), state
+
+
+def test_verify_fails_a_draft_that_lies_about_q(models):
+  """Negative control: the same check at the same size fails the pair
+  when the draft reports a q other than the one it sampled from."""
+  target, draft, _ = models
+  lying = SharpenedQ(inner=model_drafter.as_drafter(draft))
+  report = sd.verify(target, lying, samplers=(sd.Sampler(1.0),), **FAST)
+  assert not report.passed, report.table()
 
 
 def test_cli_verify_passes_the_pair(saved, capsys):
