@@ -37,6 +37,25 @@ def tiny_pair(root) -> tuple[str, str]:
   return os.path.join(root, 'target'), os.path.join(root, 'draft')
 
 
+def smoke_flags(pair, out, *extra) -> list[str]:
+  """`configs/smoke_synthetic.gin` on the `tiny_pair` checkpoints: 10
+  validation examples in batches of 4 (the last has 2 rows) into `out`."""
+  target, draft = pair
+  return [
+    '--gin_file=smoke_synthetic',
+    f'--gin.CHECKPOINT_PATH={target!r}',
+    f'--gin.DRAFT_CHECKPOINT={draft!r}',
+    '--gin.TARGET_MODEL_GIN=None',
+    '--gin.DRAFT_GIN_FILE=None',
+    '--gin.BATCH_SIZE=4',
+    '--gin.NUM_EXAMPLES=10',
+    '--gin.SPLIT="validation"',
+    f'--output_dir={out}',
+    '--no_progress',
+    *extra,
+  ]
+
+
 def env(devices, **extra):
   """A subprocess's environment: the CPU with `devices` host devices, the
   multi-process variables only where given."""

@@ -53,22 +53,9 @@ def pair(tmp_path_factory):
 
 
 def _flags(pair, out, *extra):
-  target, draft = pair
-  return [
-    '--gin_file=smoke_synthetic',
-    f'--gin.CHECKPOINT_PATH={target!r}',
-    f'--gin.DRAFT_CHECKPOINT={draft!r}',
-    '--gin.TARGET_MODEL_GIN=None',
-    '--gin.DRAFT_GIN_FILE=None',
-    '--gin.BATCH_SIZE=4',
-    '--gin.NUM_EXAMPLES=10',  # The last batch has 2 rows.
-    '--gin.TIMING_REPEATS=1',
-    '--gin.TIMING_ROUNDS=1',
-    '--gin.SPLIT="validation"',
-    f'--output_dir={out}',
-    '--no_progress',
-    *extra,
-  ]
+  return process_util.smoke_flags(
+    pair, out, '--gin.TIMING_REPEATS=1', '--gin.TIMING_ROUNDS=1', *extra
+  )
 
 
 _env = process_util.env

@@ -10,7 +10,6 @@ predictions are shown as text.
 """
 
 import html
-import os
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -71,8 +70,4 @@ def write(
   summary: dict[str, Any],
 ) -> str:
   """Writes examples.html into `output_dir`; returns its path."""
-  path = os.path.join(output_dir, PAGE_FILE)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.write(page(rows, decode, summary))
-  os.replace(path + '.tmp', path)
-  return path
+  return pages.write_page(output_dir, page(rows, decode, summary))

@@ -302,8 +302,14 @@ def write(
   decode: Callable[[list[int]], str],
 ) -> str:
   """Writes examples.html into `output_dir`; returns its path."""
+  return write_page(output_dir, page(r, records, decode))
+
+
+def write_page(output_dir: str, text: str) -> str:
+  """Writes `text` as examples.html into `output_dir` (whole: written
+  aside, then renamed); returns its path."""
   path = os.path.join(output_dir, PAGE_FILE)
   with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.write(page(r, records, decode))
+    f.write(text)
   os.replace(path + '.tmp', path)
   return path

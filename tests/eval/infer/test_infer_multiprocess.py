@@ -17,22 +17,9 @@ COMMAND = [sys.executable, '-m', 'spec_decode.main', 'infer']
 
 
 def _flags(pair, out, *extra):
-  target, draft = pair
-  return [
-    '--gin_file=smoke_synthetic',
-    f'--gin.CHECKPOINT_PATH={target!r}',
-    f'--gin.DRAFT_CHECKPOINT={draft!r}',
-    '--gin.TARGET_MODEL_GIN=None',
-    '--gin.DRAFT_GIN_FILE=None',
-    '--gin.BATCH_SIZE=4',
-    '--gin.NUM_EXAMPLES=10',  # The last batch has 2 rows.
-    '--gin.SPLIT="validation"',
-    '--gin.CHECKPOINT_PERIOD=1',
-    '--gin.PROVENANCE=True',
-    f'--output_dir={out}',
-    '--no_progress',
-    *extra,
-  ]
+  return process_util.smoke_flags(
+    pair, out, '--gin.CHECKPOINT_PERIOD=1', '--gin.PROVENANCE=True', *extra
+  )
 
 
 def _lines(out):
