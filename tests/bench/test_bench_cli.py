@@ -25,6 +25,7 @@ SUB_BENCHMARKS = (
   'provenance',
   'on_target',
   'sum_blocks',
+  'infer',
 )
 
 
