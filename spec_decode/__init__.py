@@ -36,8 +36,8 @@ from spec_decode.beam.search import BeamSearchOutput
 from spec_decode.beam.search import beam_search
 from spec_decode.chain.generation import GenerateOutput
 from spec_decode.chain.generation import generate
-from spec_decode.check.pair import PairReport
 from spec_decode.check.pair import verify
+from spec_decode.check.report import PairReport
 from spec_decode.checkpoints import CheckpointError
 from spec_decode.core.counters import SpecStats
 from spec_decode.core.decode_settings import DecodeSettings

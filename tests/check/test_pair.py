@@ -26,7 +26,7 @@ from conftest import tiny_config
 from scipy import stats
 
 import spec_decode as sd
-from spec_decode.check import pair as pair_check
+from spec_decode.check import statistics
 from spec_decode.core import model_drafter
 from spec_decode.core import rejection
 from spec_decode.eval import verify_cli
@@ -116,9 +116,9 @@ def test_chi2_tail_without_scipy_matches_scipy():
   for df in (1, 2, 9, 27, 60, 300):
     for x in (0.0, 0.5 * df, df, 2.0 * df + 10, 4.0 * df + 40):
       want = stats.chi2.sf(x, df)
-      got = pair_check.chi2_sf(x, df)
+      got = statistics.chi2_sf(x, df)
       assert got == pytest.approx(want, rel=1e-3, abs=1e-30), (df, x)
-  assert pair_check.chi2_sf(float('inf'), 5) == 0.0
+  assert statistics.chi2_sf(float('inf'), 5) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -132,8 +132,8 @@ def test_partition_cells_have_the_probability_of_their_sequences(sampler):
   v, m, n = 6, 3, 400
   lm = sd.TableLM.random(v, seed=2, scale=1.5)
   cond = np.asarray(sampler.probs(lm.table), np.float64)  # [prev, next]
-  forcer = pair_check.Forcer(lm, np.ones((1, 2), np.int32), sampler, 64, 8)
-  cells, expanded = pair_check.partition(forcer, n, m, 5.0, sd.EOS_ID)
+  forcer = statistics.Forcer(lm, np.ones((1, 2), np.int32), sampler, 64, 8)
+  cells, expanded = statistics.partition(forcer, n, m, 5.0, sd.EOS_ID)
   assert len(expanded) > 3 and len(cells) > 10
   total = dict.fromkeys(cells, 0.0)
   seqs = [()]
@@ -145,7 +145,7 @@ def test_partition_cells_have_the_probability_of_their_sequences(sampler):
       prev = (0,) + seq[:-1]
       prob = np.prod([cond[a, b] for a, b in zip(prev, seq, strict=True)])
       row = np.array(seq + (0,) * (m - len(seq)))
-      total[pair_check.cell_of(row, expanded, cells, sd.EOS_ID)] += prob
+      total[statistics.cell_of(row, expanded, cells, sd.EOS_ID)] += prob
   for key, mass in cells.items():
     assert total[key] == pytest.approx(mass, abs=1e-6), key
   assert sum(total.values()) == pytest.approx(1.0, abs=1e-6)
