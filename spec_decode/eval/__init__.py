@@ -1,8 +1,8 @@
 """Eval runs: a task split decoded plainly and speculatively, side by side.
 
 settings.py   EvalSettings: what a run decodes and how, checked when built
-task_data.py  a task split as a run uses it: our readers or seqio's tasks
-loading.py    load_model, task_vocabulary; how a run names its models
+load/         what a run loads: its models (load_model, task_vocabulary),
+              the drafters gin builds, the task split (our readers or seqio)
 decoding.py   batches decoded and timed; the step costs c and v
 rounds.py     each batch's decodes and cost probes in rotating rounds
 records.py    the run's files, written crash-safely; resume
@@ -10,7 +10,6 @@ report/       results.json's numbers, summary.md, the plots and examples.html
                (outputs that end vs run out, the rounds' speedup)
 run.py        evaluate (and the names gin files use as `spec_eval`)
 compare.py    several runs side by side (drafters, t, lenience, dyn. γ)
-drafters.py   drafters built from gin (n-gram, copy, heads, hierarchical)
 hosts.py      several processes: who feeds which rows, who writes
 cli.py        `spec-decode eval` (with t5x_run_cli.py, the only modules here
               that use gin)

@@ -8,7 +8,7 @@ same eval run on one global mesh. `Hosts` says what falls to this process:
   its devices hold on the mesh's `data` axis (`multihost.feeds_rows`), so
   its share of the split is the examples that land in those rows (`owns`:
   example `i` is in row `i mod B`): it reads only those (their text, their
-  features, their ids; `eval/task_data.py`), as T5X's hosts each read their
+  features, their ids; `eval/load/task_data.py`), as T5X's hosts each read their
   shard of the input. Processes whose devices hold the same rows (a `model`
   axis that spans processes) read the same share. The input widths (each
   batch is padded to its longest row, bucketed) are agreed once per run:

@@ -8,7 +8,7 @@ loads or compiles. One run:
 1. reads the first `num_examples` examples of a task split (a fixed subset):
    a built-in task's `prefix + source` tokenized with the target's
    vocabulary, or a seqio task's or mixture's examples as its preprocessors
-   make them (`eval/task_data.py`);
+   make them (`eval/load/task_data.py`);
 2. decodes every batch plainly with the target and speculatively with the
    draft (for each γ of the run), with the same per-example seeds (seed +
    example index), and with the draft alone; each new input shape is
@@ -79,12 +79,12 @@ import numpy as np
 from spec_decode.data import seqio_data
 from spec_decode.eval import decoding
 from spec_decode.eval import hosts as hosts_lib
-from spec_decode.eval import loading
 from spec_decode.eval import records as records_lib
 from spec_decode.eval import report
 from spec_decode.eval import rounds as rounds_lib
 from spec_decode.eval import settings as settings_lib
-from spec_decode.eval import task_data
+from spec_decode.eval.load import models as models_lib
+from spec_decode.eval.load import task_data
 from spec_decode.eval.report import outcomes
 from spec_decode.eval.report import pages
 from spec_decode.parallel import memory
@@ -92,9 +92,9 @@ from spec_decode.t5 import vocab as vocab_lib
 
 EvalSettings = settings_lib.EvalSettings
 parse_gamma = settings_lib.parse_gamma
-load_model = loading.load_model
-partitioner = loading.partitioner
-task_vocabulary = loading.task_vocabulary
+load_model = models_lib.load_model
+partitioner = models_lib.partitioner
+task_vocabulary = models_lib.task_vocabulary
 RESULTS_FILE = records_lib.RESULTS_FILE
 SUMMARY_FILE = records_lib.SUMMARY_FILE
 EXAMPLES_FILE = records_lib.EXAMPLES_FILE
@@ -140,7 +140,7 @@ def evaluate(
       settings.
   """
   s = settings
-  vocab = loading.as_vocabulary(s.vocabulary) or getattr(
+  vocab = models_lib.as_vocabulary(s.vocabulary) or getattr(
     target, 'vocabulary', None
   )
   draft_vocab = getattr(draft, 'vocabulary', None)
@@ -221,8 +221,8 @@ def evaluate(
       **s.reported(),
       task_source=data.source,
       exact_algorithm=s.exact_algorithm,
-      target=loading.describe(target, s.target_name),
-      draft=loading.describe(draft, s.draft_name),
+      target=models_lib.describe(target, s.target_name),
+      draft=models_lib.describe(draft, s.draft_name),
       gamma_mode='auto' if auto else 'sweep' if len(gammas) > 1 else 'fixed',
       gamma_policy=state.get('gamma_policy') if auto else None,
       mesh=hosts.mesh,
@@ -267,8 +267,8 @@ def run_identity(
     **s.reported(),
     'num_examples': num_examples,
     'gamma': s.gamma if s.gamma == 'auto' else list(s.gamma),
-    'target': loading.fingerprint(target),
-    'draft': loading.fingerprint(draft),
+    'target': models_lib.fingerprint(target),
+    'draft': models_lib.fingerprint(draft),
     'vocabulary': vocab.digest,
   }
   if s.gamma == 'auto':

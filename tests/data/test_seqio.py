@@ -28,7 +28,7 @@ from spec_decode.eval import cli
 from spec_decode.eval import decoding
 from spec_decode.eval import records
 from spec_decode.eval import run as eval_lib
-from spec_decode.eval import task_data
+from spec_decode.eval.load import task_data
 from spec_decode.t5 import vocab as vocab_lib
 
 pytestmark = pytest.mark.skipif(

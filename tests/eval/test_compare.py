@@ -10,8 +10,8 @@ import pytest
 import spec_decode as sd
 from spec_decode.eval import cli
 from spec_decode.eval import compare
-from spec_decode.eval import drafters
 from spec_decode.eval import run as eval_lib
+from spec_decode.eval.load import drafters
 
 SETTINGS = eval_lib.EvalSettings(
   task='synthetic_tiny',

@@ -36,7 +36,7 @@ import spec_decode as sd
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.drafters import Copy
 from spec_decode.drafters import NGram
-from spec_decode.eval import drafters as eval_drafters
+from spec_decode.eval.load import drafters as eval_drafters
 
 
 def encoder_tokens(task, vocabulary, split, num_examples, max_input_len):

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 import spec_decode as sd
-from spec_decode.eval import task_data
 from spec_decode.eval.infer import settings as settings_lib
+from spec_decode.eval.load import task_data
 from spec_decode.t5 import vocab as vocab_lib
 
 SOURCE = 'file'

@@ -5,7 +5,7 @@ is `infer/cli.py`), T5X's `infer.py` with a draft. One run:
 
 1. reads its examples: a task split as the eval run reads it (a built-in
    task, or a seqio task or mixture with its preprocessors;
-   `eval/task_data.py`), or a text or JSONL file (`infer/inputs.py`);
+   `eval/load/task_data.py`), or a text or JSONL file (`infer/inputs.py`);
 2. decodes them in batches with the draft only (`infer/decode.py`: chains
    of γ, γ = 'auto', trees, beam search; greedy or sampled with seed +
    example index), on the models' mesh and over several processes as the
@@ -29,19 +29,19 @@ from typing import Any
 
 from spec_decode.eval import decoding
 from spec_decode.eval import hosts as hosts_lib
-from spec_decode.eval import loading
-from spec_decode.eval import task_data
 from spec_decode.eval.infer import chunks as chunks_lib
 from spec_decode.eval.infer import decode as decode_lib
 from spec_decode.eval.infer import inputs as inputs_lib
 from spec_decode.eval.infer import page as page_lib
 from spec_decode.eval.infer import settings as settings_lib
+from spec_decode.eval.load import models as models_lib
+from spec_decode.eval.load import task_data
 from spec_decode.t5 import vocab as vocab_lib
 
 InferSettings = settings_lib.InferSettings
-load_model = loading.load_model
-partitioner = loading.partitioner
-task_vocabulary = loading.task_vocabulary
+load_model = models_lib.load_model
+partitioner = models_lib.partitioner
+task_vocabulary = models_lib.task_vocabulary
 SUMMARY_FILE = chunks_lib.SUMMARY_FILE
 predictions_file = chunks_lib.predictions_file
 
@@ -80,7 +80,7 @@ def infer(
       holding a run with other settings.
   """
   s = settings
-  vocab = loading.as_vocabulary(s.vocabulary) or getattr(
+  vocab = models_lib.as_vocabulary(s.vocabulary) or getattr(
     target, 'vocabulary', None
   )
   draft_vocab = getattr(draft, 'vocabulary', None)
@@ -98,8 +98,8 @@ def infer(
   identity = {
     **s.identity(),
     'num_examples': total,
-    'target': loading.fingerprint(target),
-    'draft': loading.fingerprint(draft),
+    'target': models_lib.fingerprint(target),
+    'draft': models_lib.fingerprint(draft),
     'vocabulary': data.vocabulary.digest,
   }
   identity = json.loads(json.dumps(identity))
