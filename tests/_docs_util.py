@@ -4,7 +4,7 @@ importing `spec_decode` (tests/test_docs.py asserts on it).
 
 A backticked name is checked when it reads as ours:
 
-- `sd.X...` or `spec_decode.X...`: imported and looked up attribute by attribute;
+- `sd.X...` or `spec_decode.X...`: imported, looked up attribute by attribute;
 - `mod.X...` where `mod` is the tail of one of our module paths (`costs`,
   `beam.costs`, `policy.loop_costs`), an import alias of the file that
   writes it (`beam_rules`), a name a module of ours defines at its top level
@@ -46,13 +46,16 @@ PAGES = [os.path.join(ROOT, 'README.md')] + sorted(
 
 _TICK = re.compile(r'`([^`\s]+)`')
 _NAME = re.compile(r'^[A-Za-z_][\w-]*(?:[./][A-Za-z_][\w-]*)+$')
-_FILE = re.compile(r'\.(py|gin|json|jsonl|md|html|txt|log|so|cc|sh|tsv|bin|model)$')
+_FILE = re.compile(
+  r'\.(py|gin|json|jsonl|md|html|txt|log|so|cc|sh|tsv|bin|model)$'
+)
 
 # First components that are not ours: other libraries (T5X, seqio, gin, jax
 # ...), T5X's module names, some of which are ours too (`partitioning`,
 # `models`, `binary_search`), results.json's keys (`gamma_policy`), and the
 # local variables and parameter paths the docs talk about.
-FOREIGN = frozenset("""
+FOREIGN = frozenset(
+  """
   jax jnp lax np nn tf json inspect dataclasses gettext gin seqio orbax
   multihost_utils transformers time t5 t5x utils models partitioning
   binary_search gamma_policy
@@ -61,7 +64,8 @@ FOREIGN = frozenset("""
   task context draft settings report tree layout rounds cache lm_head shared
   decoder encoder layers_i token_embedder infer infer_script verify metrics
   spec_eval spec_eval_compare spec_eval_drafters sizes
-""".split())
+""".split()
+)
 
 
 def _texts(path: str) -> list[tuple[int, str]]:
@@ -144,7 +148,9 @@ def _top_level() -> dict[str, list[str]]:
       if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
         out.setdefault(node.name, []).append(mod)
       elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        targets = (
+          node.targets if isinstance(node, ast.Assign) else [node.target]
+        )
         for t in targets:
           if isinstance(t, ast.Name):
             out.setdefault(t.id, []).append(mod)
@@ -266,7 +272,8 @@ def resolves(name: str, path: str | None = None) -> bool:
   if _FILE.search(name):
     first = name.split('/')[0]
     if name.endswith('.py') and (
-      '/' not in name or os.path.isdir(os.path.join(PACKAGE, first))
+      '/' not in name
+      or os.path.isdir(os.path.join(PACKAGE, first))
       or os.path.isdir(os.path.join(ROOT, first))
     ):
       return any(f == name or f.endswith('/' + name) for f in _files())
