@@ -1,12 +1,19 @@
 """The README and docs/: every relative link resolves (file and anchor), the
 README stays short, and its first screen holds the picture, the quickstart
-and the status."""
+and the status; every module, attribute and file the docs and the package's
+docstrings and comments name in backticks exists (`_docs_util.py`); every
+`--flag` the docs give `spec-decode <command>` is one of its parser's options
+and every `--gin.MACRO` one that a gin file binds or reads; and
+docs/architecture.md's table of rooms and imports holds over the code."""
 
+import contextlib
 import glob
+import io
 import os
 import re
 import unicodedata
 
+import _docs_util
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,3 +83,141 @@ def test_readme_is_short_and_its_first_screen_has_what_a_newcomer_needs():
   assert '2-core CPU' in first and 'spec-decode bench accel' in first
   png = os.path.join(ROOT, 'docs', 'figure1_demo.png')
   assert 0 < os.path.getsize(png) < 200_000
+
+
+def test_every_backticked_name_of_ours_exists():
+  broken = []
+  for name, where in sorted(_docs_util.named().items()):
+    for place in where:
+      if not _docs_util.resolves(name, place.split(':')[0]):
+        broken.append(f'{place}: `{name}`')
+  assert broken == []
+
+
+@pytest.mark.parametrize(
+  'name',
+  [
+    'core.tree.TreeAttention',  # the module before it moved (tree_shape)
+    'spec_decode.core.tree_shape.TreeRoot',
+    'DecodeSettings.no_such_field',
+    'beam_search.beam_decode',  # an alias of another file, none here
+    'policy/loop_costs.no_such_function',
+    'chain/no_such_module.py',
+    'gamma_schedule.choose',  # no module, class or foreign name
+    'configs/no_such_config.gin',
+  ],
+)
+def test_a_stale_name_is_caught(name):
+  assert not _docs_util.resolves(name, 'docs/decoding.md')
+
+
+@pytest.mark.parametrize(
+  'name',
+  [
+    'policy/loop_costs.measure',
+    'policy.timing.measure',
+    'core.tree_shape.TreeShape.target_attention',
+    'DecodeSettings.gamma',
+    'sd.generate',
+    'lm.train.deadline',  # a gin binding: a parameter of `train`
+    'chain/steps.py',
+    'jax.lax.while_loop',
+  ],
+)
+def test_a_current_name_resolves(name):
+  assert _docs_util.resolves(name, 'docs/decoding.md')
+
+
+def test_an_alias_resolves_in_the_file_that_imports_it():
+  path = 'spec_decode/bench/beam/controlled.py'  # imports search as beam_search
+  assert _docs_util.resolves('beam_search.beam_decode', path)
+
+
+_COMMAND = re.compile(
+  r'spec-decode +([a-z][\w-]*)((?: +(?!spec-decode)[^\s`|;&]+)*)'
+)
+# `spec-decode infer` parses `spec-decode eval`'s flags (its --help is its
+# docstring).
+_PARSER_OF = {'infer': 'eval'}
+
+
+def _doc_commands() -> dict[tuple[str, ...], set[tuple[str, str]]]:
+  """(command, subcommand?) -> the (flag, page) pairs the docs give it."""
+  from spec_decode import main  # pylint: disable=g-import-not-at-top
+
+  out: dict[tuple[str, ...], set[tuple[str, str]]] = {}
+  for page in _docs_util.PAGES:
+    with open(page, encoding='utf-8') as f:
+      text = f.read().replace('\\\n', ' ')
+    for line in text.splitlines():
+      for m in _COMMAND.finditer(line):
+        if m.group(1) not in main._COMMANDS:  # pylint: disable=protected-access
+          continue  # prose: "every spec-decode process"
+        words = m.group(2).split()
+        argv = (m.group(1),)
+        if words and re.fullmatch(r'[a-z][\w-]*', words[0]):
+          argv += (words[0],)
+        flags = {w.split('=')[0] for w in words if w.startswith('--')}
+        rel = os.path.relpath(page, ROOT)
+        out.setdefault(argv, set()).update((f, rel) for f in flags)
+  return out
+
+
+def _options(argv: tuple[str, ...]) -> set[str]:
+  """The option strings `spec-decode ARGV --help` lists from its options
+  section on (its argument groups included)."""
+  from spec_decode import main  # pylint: disable=g-import-not-at-top
+
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    try:
+      main.run([*argv, '--help'])
+    except SystemExit:
+      pass
+  options, inside = set(), False
+  for line in out.getvalue().splitlines():
+    inside = inside or line == 'options:'  # then argument groups
+    if inside:
+      options.update(re.findall(r'^ {2}(?:-\w, )?(--[\w-]+)', line))
+  return options
+
+
+def test_the_docs_give_commands_only_the_flags_they_parse():
+  commands = _doc_commands()
+  assert ('eval',) in commands and ('bench', 'accel') in commands
+  wrong = []
+  for argv, uses in sorted(commands.items()):
+    parsed = (_PARSER_OF.get(argv[0], argv[0]),) + argv[1:]
+    options = _options(parsed)
+    assert options, f'no options parsed for spec-decode {" ".join(parsed)}'
+    for flag, page in sorted(uses):
+      if flag.startswith('--gin.'):
+        continue  # gin_cli's bindings: test_gin_macros_the_docs_set_exist
+      if flag not in options:
+        wrong.append(f'{page}: spec-decode {" ".join(argv)} {flag}')
+  assert wrong == []
+
+
+def test_gin_macros_the_docs_set_exist():
+  gin_text = ''
+  for path in glob.glob(os.path.join(ROOT, '*', '**', '*.gin'), recursive=True):
+    with open(path, encoding='utf-8') as f:
+      gin_text += f.read() + '\n'
+  missing = []
+  for page in _docs_util.PAGES:
+    with open(page, encoding='utf-8') as f:
+      text = f.read()
+    for macro in sorted(set(re.findall(r'--gin\.([A-Z][A-Z0-9_]*)=', text))):
+      if macro == 'NAME':
+        continue  # the syntax's placeholder: `--gin.NAME=VALUE`
+      pattern = rf'(?m)^{macro}\s*=|%{macro}\b'
+      if not re.search(pattern, gin_text):
+        missing.append(f'{os.path.relpath(page, ROOT)}: --gin.{macro}')
+  assert missing == []
+
+
+def test_options_are_each_commands_own():
+  assert '--budget' in _options(('bench', 'accel'))
+  assert '--budget_s' not in _options(('bench', 'accel'))  # train pair's
+  assert '--budget_s' in _options(('train', 'pair'))
+  assert '--draft_seed' in _options(('verify',))  # an argument group's
