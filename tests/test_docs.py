@@ -6,6 +6,7 @@ docstrings and comments name in backticks exists (`_docs_util.py`); every
 and every `--gin.MACRO` one that a gin file binds or reads; and
 docs/architecture.md's table of rooms and imports holds over the code."""
 
+import ast
 import contextlib
 import glob
 import io
@@ -221,3 +222,110 @@ def test_options_are_each_commands_own():
   assert '--budget_s' not in _options(('bench', 'accel'))  # train pair's
   assert '--budget_s' in _options(('train', 'pair'))
   assert '--draft_seed' in _options(('verify',))  # an argument group's
+
+
+ARCHITECTURE = os.path.join(ROOT, 'docs', 'architecture.md')
+_ROW = re.compile(r'^\| `([\w.]+/?)` \| ([\w ]+) \|(.*)\|$')
+
+
+def _room(dotted: str) -> str | None:
+  """The room (`core/`, `main.py`, `__init__.py`) of one of our modules."""
+  parts = dotted.split('.')
+  if parts[0] != 'spec_decode':
+    return None
+  if len(parts) == 1:
+    return '__init__.py'
+  if os.path.isdir(os.path.join(_docs_util.PACKAGE, parts[1])):
+    return parts[1] + '/'
+  if os.path.exists(os.path.join(_docs_util.PACKAGE, parts[1] + '.py')):
+    return parts[1] + '.py'
+  return None
+
+
+def _imports() -> dict[str, set[str]]:
+  """Each of our modules -> the modules of ours it imports (anywhere)."""
+  out = {}
+  for path in glob.glob(
+    os.path.join(_docs_util.PACKAGE, '**', '*.py'), recursive=True
+  ):
+    mod = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+    mod = mod.removesuffix('.__init__')
+    with open(path, encoding='utf-8') as f:
+      tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        found.update(a.name for a in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for a in node.names:
+          sub = os.path.join(ROOT, *node.module.split('.'), a.name)
+          is_module = os.path.exists(sub + '.py') or os.path.isdir(sub)
+          found.add(f'{node.module}.{a.name}' if is_module else node.module)
+    out[mod] = {m for m in found if m.split('.')[0] == 'spec_decode'}
+  return out
+
+
+def _architecture() -> tuple[dict[str, tuple[str, set[str]]], set[str]]:
+  """architecture.md's rows (room -> part, imports) and the `core/` modules
+  it lets the model tower import."""
+  with open(ARCHITECTURE, encoding='utf-8') as f:
+    text = f.read()
+  rows = {}
+  for line in text.splitlines():
+    m = _ROW.match(line)
+    if m:
+      rows[m.group(1)] = (m.group(2), set(re.findall(r'`([^`]+)`', m.group(3))))
+  tail = text[text.index('only the modules of this list:') :].split('\n\n')[0]
+  allowed = {
+    name.removesuffix('.py') for name in re.findall(r'`([^`]+)`', tail)
+  }
+  return rows, allowed
+
+
+def test_architecture_lists_every_room_and_its_imports():
+  rows, _ = _architecture()
+  rooms = {
+    d + '/'
+    for d in os.listdir(_docs_util.PACKAGE)
+    if os.path.exists(os.path.join(_docs_util.PACKAGE, d, '__init__.py'))
+  } | {f for f in os.listdir(_docs_util.PACKAGE) if f.endswith('.py')}
+  assert set(rows) == rooms
+  measured: dict[str, set[str]] = {room: set() for room in rooms}
+  for mod, imported in _imports().items():
+    source = _room(mod)
+    measured[source] |= {_room(m) for m in imported if _room(m)} - {source}
+  claimed = {room: imports for room, (_, imports) in rows.items()}
+  assert claimed == measured
+
+
+def test_the_towers_meet_only_at_the_drafters_and_the_public_api():
+  rows, allowed = _architecture()
+  assert allowed == {'ids', 'placement', 'tree_shape'}
+  part = {room: p for room, (p, _) in rows.items()}
+  engine = {r for r, p in part.items() if p == 'engine'}
+  tower = {r for r, p in part.items() if p == 'model tower'}
+  assert engine == {'core/', 'policy/', 'tree/', 'beam/', 'chain/', 'check/'}
+  assert 'drafters/' not in tower | engine
+  for mod, imported in _imports().items():
+    source = _room(mod)
+    for m in imported:
+      target = _room(m)
+      if source in engine:
+        assert target in engine, (mod, m)
+      if source in tower and target not in tower:
+        assert target == 'paths.py' or (
+          target == 'core/' and m.split('.')[2] in allowed
+        ), (mod, m)
+
+
+def test_the_room_check_fails_on_a_missing_import():
+  """A negative control: the measured graph has the edges the table needs
+  (an empty graph would fail), and a drafter that imports models is seen."""
+  imports = _imports()
+  assert (
+    'spec_decode.models.t5_model' in imports['spec_decode.drafters.feature']
+  )
+  assert _room('spec_decode.models.t5_model') == 'models/'
+  rows, _ = _architecture()
+  assert 'models/' in rows['drafters/'][1]
+  assert sum(len(v) for v in imports.values()) > 300
