@@ -3,7 +3,8 @@ README stays short, and its first screen holds the picture, the quickstart
 and the status; every module, attribute and file the docs and the package's
 docstrings and comments name in backticks exists (`_docs_util.py`); every
 `--flag` the docs give `spec-decode <command>` is one of its parser's options
-and every `--gin.MACRO` one that a gin file binds or reads; and
+and every `--gin.MACRO` one that a gin file binds or reads; every `make X`
+is a Makefile target and every `test_x` a test file or function; and
 docs/architecture.md's table of rooms and imports holds over the code."""
 
 import ast
@@ -329,3 +330,41 @@ def test_the_room_check_fails_on_a_missing_import():
   rows, _ = _architecture()
   assert 'models/' in rows['drafters/'][1]
   assert sum(len(v) for v in imports.values()) > 300
+
+
+def _pages_text() -> dict[str, str]:
+  out = {}
+  for page in _docs_util.PAGES:
+    with open(page, encoding='utf-8') as f:
+      out[os.path.relpath(page, ROOT)] = f.read()
+  return out
+
+
+def test_make_targets_the_docs_give_exist():
+  with open(os.path.join(ROOT, 'Makefile'), encoding='utf-8') as f:
+    targets = set(re.findall(r'(?m)^([a-z][\w-]*):', f.read()))
+  named = {
+    (page, t)
+    for page, text in _pages_text().items()
+    for t in re.findall(r'`make ([a-z][\w-]*)', text)
+  }
+  assert {t for _, t in named} >= {'demo', 'test', 'bench'}
+  assert sorted(f'{p}: make {t}' for p, t in named if t not in targets) == []
+
+
+def test_tests_the_docs_name_exist():
+  """A `test_x` in the docs is a test file or a test function."""
+  files, functions = set(), set()
+  for path in glob.glob(
+    os.path.join(ROOT, 'tests', '**', '*.py'), recursive=True
+  ):
+    files.add(os.path.basename(path)[:-3])
+    with open(path, encoding='utf-8') as f:
+      functions.update(re.findall(r'(?m)^def (test_\w+)', f.read()))
+  missing = sorted(
+    f'{page}: {name}'
+    for page, text in _pages_text().items()
+    for name in set(re.findall(r'\b(test_[a-z0-9_]+?)(?:\.py)?\b', text))
+    if name not in files | functions
+  )
+  assert missing == []
