@@ -54,7 +54,11 @@ def run(argv: list[str] | None = None) -> int:
   if command in _MULTIHOST:
     from spec_decode.parallel import multihost  # pylint: disable=g-import-not-at-top
 
-    multihost.initialize()
+    try:  # Before the job loads anything (docs/usage/scaling.md).
+      multihost.initialize()
+    except ValueError as e:  # A bad JAX_NUM_PROCESSES, JAX_PROCESS_ID, ...
+      print(f'spec-decode {command}: {e}', file=sys.stderr)
+      return 2
   module = importlib.import_module(_COMMANDS[command])
   return int(module.main(argv) or 0)
 

@@ -38,8 +38,8 @@ def measure(
     target, draft: the models.
     encoder_tokens: `[B, S]` inputs with the decode's shapes (placed as
       the decode places them).
-    settings: `beam_search.BeamSettings`.
-    layout: `beam_trees.TreeLayout` of the speculative calls.
+    settings: `beam.search.BeamSettings`.
+    layout: `draft_trees.TreeLayout` of the speculative calls.
     repeats: timed rounds (medians).
     iterations: iterations per timing decode (<= MAX_IDLE).
   """

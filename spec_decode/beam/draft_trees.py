@@ -36,7 +36,7 @@ from jax import lax
 class RowTreeAttention:
   """A tree call whose ancestor mask differs per model row.
 
-  Duck-types `core.tree.TreeAttention` for `t5.cache.tree_layout`: the
+  Duck-types `core.tree_shape.TreeAttention` for `t5.cache.tree_layout`: the
   positions are static (a node's depth), the mask is a traced array.
 
   Attributes:

@@ -11,7 +11,7 @@ one with more expected steps per second:
   speculative  iff  S / seconds[1] > 1 / seconds[0],
 
 where `seconds` are the measured walltimes of one loop iteration of each
-kind for this batch size (`auto_beam.iteration_seconds`: the compiled loop
+kind for this batch size (`beam.costs.iteration_seconds`: the compiled loop
 itself, forced to each kind) and S is the running mean of steps committed
 per speculative call over the rows still decoding, which starts from an
 optimistic prior (the steps a draft agreeing at rate PRIOR_ALPHA would
@@ -25,7 +25,7 @@ has not seen the steps taken plainly and catches up on them, in one call
 over at most G + 2 + MAX_IDLE inputs, at the next speculative call.
 
 Exactness needs no argument beyond plain beam search's: both kinds of
-iteration apply `beam_rules.step` to the target's own log-probs, so any
+iteration apply `beam.rules.step` to the target's own log-probs, so any
 schedule returns plain beam search's beams (the policy only moves time).
 """
 

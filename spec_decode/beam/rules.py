@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-# T5X's mask value (`decoding.NEG_INF`): added to a candidate's log-prob to
+# T5X's mask value (`t5x.decoding.NEG_INF`): added to a candidate's log-prob to
 # keep it out of a set, and the score of an empty finished slot.
 NEG_INF = -1.0e7
 

@@ -1,6 +1,6 @@
 """Exact speculative beam search: one jitted `lax.while_loop`.
 
-Plain beam search (`beam_search.beam_decode`) calls the target once per
+Plain beam search (`beam.search.beam_decode`) calls the target once per
 step. Here each iteration of a row with live beams at step n:
 
   1. the draft catches up on the inputs the row committed in the previous
@@ -100,7 +100,7 @@ CATCH_UP = beam_policy.MAX_IDLE
 
 
 def plain_step(model, state, beams, done, settings):
-  """One step of plain beam search (`beam_search.beam_decode`'s loop body).
+  """One step of plain beam search (`beam.search.beam_decode`'s loop body).
 
   Scores each live beam's newest token (model row b * K + j: beam j of row
   b), applies `beam_rules.step` and reorders the model's rows by parent.
@@ -298,7 +298,7 @@ def spec_beam_decode(
     target: a `protocol.TreeLanguageModel`.
     draft: a `protocol.TreeLanguageModel` with the target's vocabulary.
     encoder_tokens: `[B, S] int32`.
-    settings: `beam_search.BeamSettings` (static).
+    settings: `beam.search.BeamSettings` (static).
     layout: the draft trees' sizes (static): G = `layout.gamma` levels.
     policy: None: every iteration is a speculative call. Else
       (`gamma='auto'`) each iteration is a plain step or a speculative call

@@ -23,6 +23,7 @@ from spec_decode.core import drafter
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import LanguageModel
+from spec_decode.core.provenance import Record
 from spec_decode.policy import finish_time
 
 # Inputs fed per call when a language-model draft catches up.
@@ -36,7 +37,7 @@ def auto_decode(
   row_keys: jax.Array,
   settings: DecodeSettings,
   policy: finish_time.PolicyInputs | None,
-) -> tuple[jax.Array, jax.Array, SpecCounters]:
+) -> tuple[jax.Array, jax.Array, SpecCounters, Record | None]:
   """Speculative decoding with the gamma of each iteration chosen in-loop.
 
   Each iteration runs at the gamma in {0, ..., G} that the policy chose

@@ -14,6 +14,7 @@ from spec_decode.chain import steps
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import LanguageModel
+from spec_decode.core.provenance import Record
 
 
 def fixed_decode(
@@ -22,7 +23,7 @@ def fixed_decode(
   encoder_tokens: jax.Array,
   row_keys: jax.Array,
   settings: DecodeSettings,
-) -> tuple[jax.Array, jax.Array, SpecCounters]:
+) -> tuple[jax.Array, jax.Array, SpecCounters, Record | None]:
   """Algorithm 1 in a loop at gamma `settings.gamma`.
 
   Args:

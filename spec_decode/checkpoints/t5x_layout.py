@@ -109,12 +109,6 @@ class T5XLayoutSource:
       )
     return _DEFAULT_SCAN_AXIS if _DEFAULT_SCAN_AXIS in axes else min(axes)
 
-  @property
-  def scan_axis(self) -> int | None:
-    """The layer axis of stacked tensors (None: the checkpoint has none)."""
-    scanned = any(s for _, s, _ in self._plan.values())
-    return self._axis if scanned else None
-
   def shapes(self) -> dict[str, Shape]:
     return dict(self._shapes)
 

@@ -178,7 +178,7 @@ class Drafter(Protocol):
     settings: DecodeSettings,
     shape: Any,
   ) -> tuple[TreeProposal, DraftState]:
-    """Proposes the nodes of `shape` (a static `core.tree.TreeShape`).
+    """Proposes the nodes of `shape` (a static `core.tree_shape.TreeShape`).
 
     `context.keys` are `[B, D]`, one per depth (output token n + d); the
     tree loop passes the `settings` with `gamma` = D. Exactness needs, per

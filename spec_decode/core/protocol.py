@@ -57,7 +57,7 @@ class BeamReorder(Protocol):
   """Optional, for beam search: reorders decode-state rows by parent beam.
 
   A language model without it is reordered by gathering every leaf of its
-  state (`beam_search.reorder_rows`); one with it can move less (a T5
+  state (`beam.speculative.reorder_rows`); one with it can move less (a T5
   `Model` moves its self-attention cache and keeps the encoder's keys and
   values, equal across the beams of a row).
   """
@@ -111,7 +111,7 @@ class TreeLanguageModel(LanguageModel, Protocol):
     Args:
       state: a decode state holding `index[b]` committed inputs.
       tokens: `[B, T]` the nodes this call feeds.
-      attention: `core.tree.TreeAttention` (static): node t goes to scratch
+      attention: `core.tree_shape.TreeAttention` (static): node t goes to scratch
         slot `index + offset + t` at position `index + positions[offset +
         t]`, and attends to every committed input and to the scratch slots
         its mask row allows (its ancestors and itself).

@@ -96,12 +96,6 @@ class TreeShape:
   def is_chain(self) -> bool:
     return all(r == 0 for p in self.paths for r in p)
 
-  def level_sizes(self) -> tuple[int, ...]:
-    """Nodes at depths 1..D."""
-    return tuple(
-      int(np.sum(self.depths == d)) for d in range(1, self.depth + 1)
-    )
-
   # -- tables over nodes 0..N (0 = root) ---------------------------------------
   @functools.cached_property
   def _index(self) -> dict[tuple[int, ...], int]:

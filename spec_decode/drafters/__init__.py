@@ -2,8 +2,9 @@
 
 Any language model (`spec_decode.core.protocol`) drafts through `ModelDrafter`;
 the others implement the drafter protocol (`spec_decode.core.drafter`)
-directly. This package holds protocol implementations only; the benchmark's
-controlled-acceptance draft is `spec_decode.bench.controlled`.
+directly. This package holds drafters only (the feature draft and early exit
+are built from a target's own layers, so they import `spec_decode.models`);
+the benchmark's controlled-acceptance draft is `spec_decode.bench.controlled`.
 Pass any of them as `draft=` to `spec_decode.generate`.
 
   ngram.py         an order-n n-gram table (the paper's unigram / bigram)

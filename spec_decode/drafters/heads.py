@@ -16,7 +16,7 @@ projection (a checkpoint K times smaller in its largest tensor).
 
 Proposals are independent per head (a chain of G tokens), and `q[b, k]` is
 the sampler's distribution of head k + 1, the one its token was drawn from,
-so verification stays exact (`drafters/drafter.py`). Trees
+so verification stays exact (`core/drafter.py`). Trees
 (`propose_tree`) are Medusa's Cartesian products: every node at depth d
 gets its children from head d + 1. The heads keep no per-position state:
 whatever the previous iteration accepted (a deeper tree's, a larger

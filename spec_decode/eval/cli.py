@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   try:
     # Before anything touches JAX: joins the other processes when the
-    # environment names a coordinator (docs/usage/scaling.md).
+    # environment names a coordinator (docs/usage/scaling.md). `spec-decode
+    # eval` has joined them already (spec_decode/main.py, which exits 2 on
+    # a bad environment); this call serves a script that calls `main`.
     multihost.initialize()
   except ValueError as e:
     _error(e)

@@ -11,7 +11,7 @@ probes (`rounds.Probes`: the c and v of the predictions, timed apart);
 `batch_arrays` pads a batch of tokenized inputs to a
 bucketed width; `row_spec_record` reads one row's acceptance counts from
 `SpecStats` and `row_provenance` its tokens' provenance; `measure_costs`
-times draft and target steps apart from the loops (`costs.measure`: a
+times draft and target steps apart from the loops (`policy.timing.measure`: a
 drafter that is not a language model, beam search).
 """
 
@@ -93,7 +93,7 @@ def measure_costs(
   sampling: dict[str, Any] | None = None,
   gamma: int = 4,
 ) -> dict[str, Any]:
-  """c and v(k) (`costs.measure`); a drafter is timed proposing `gamma`.
+  """c and v(k) (`policy.timing.measure`); a drafter is timed proposing `gamma`.
 
   Returns:
     `{'c', 'v_of_k': {k: v(k)}, 'target_step_seconds',

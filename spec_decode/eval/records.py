@@ -165,14 +165,15 @@ def write_predictions(
   subtasks: Sequence[str],
   pretokenized: Sequence[dict[str, Any]],
   records: Sequence[dict[str, Any]],
-  gamma: int,
+  gamma: int | str,
 ) -> list[str]:
   """Writes the outputs as T5X's infer does, one file per (sub)task.
 
   Each line: `inputs` (the example's `*_pretokenized` features),
   `prediction` (the speculative output at `gamma`, decoded, not
-  postprocessed), `targets` (the target text) and `plain_prediction` (the
-  target model's own decode).
+  postprocessed; `gamma` is a γ or 'auto', the key of the records'
+  speculative outputs), `targets` (the target text) and `plain_prediction`
+  (the target model's own decode).
 
   Returns:
     The files written.

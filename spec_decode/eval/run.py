@@ -197,7 +197,7 @@ def evaluate(
   # by each batch's probes, in the rounds beside its decodes
   # (`rounds.Probes`). Beam search (no chain prediction) and records of an
   # older run have none: they are timed after the decodes
-  # (`costs.measure`), for 'auto' at the γs the policy ran.
+  # (`policy.timing.measure`), for 'auto' at the γs the policy ran.
   apart = hosts.share(
     not all('probe' in rec for rec in records) if hosts.writer else None
   )

@@ -286,7 +286,7 @@ class EvalSettings:
     target_name: label of the target in the report (None: its size).
     draft_name: label of the draft in the report.
     timing_repeats: repeats of each step-time measurement timed after the
-      decodes (`costs.measure`: beam search, records of an older run).
+      decodes (`policy.timing.measure`: beam search, records of an older run).
     timing_rounds: rounds of each batch's timed work (`eval/rounds.py`):
       its plain, speculative and draft-alone decodes and its cost probes
       run once per round, in rotating order; the speedup is the median of

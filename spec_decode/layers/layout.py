@@ -43,7 +43,7 @@ def chain_layout(index: jax.Array, slots: jax.Array, num_new: int):
 
 
 def tree_slot_layout(index: jax.Array, slots: jax.Array, tree):
-  """Positions and visibility of a tree call (`core.tree.TreeAttention`).
+  """Positions and visibility of a tree call (`core.tree_shape.TreeAttention`).
 
   Args:
     index: `[B] int32` committed slots per row.

@@ -422,7 +422,7 @@ class Model:
   def score_tree(self, state: T5DecodeState, tokens: jax.Array, attention):
     """Scores tree nodes `tokens [B, T]` (`protocol.TreeLanguageModel`).
 
-    `attention` (a static `core.tree.TreeAttention`) places them in scratch
+    `attention` (a static `core.tree_shape.TreeAttention`) places them in scratch
     slots with their depths' positions and an ancestor mask; the index is
     unchanged. Returns `logits [B, T, V]` and the state.
     """

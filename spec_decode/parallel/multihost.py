@@ -113,9 +113,15 @@ def initialize(
     True when `jax.distributed` is initialized afterwards.
 
   Raises:
-    ValueError: `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` or
-      `SPEC_DECODE_HEARTBEAT_TIMEOUT` is not an int.
+    ValueError: `JAX_NUM_PROCESSES` or `SPEC_DECODE_HEARTBEAT_TIMEOUT` is
+      set and not an int >= 1, or `JAX_PROCESS_ID` not an int >= 0 (checked
+      first, whether or not the start is multi-process, so that a typo is
+      an error rather than a silent single-host run).
   """
+  # Read before `enabled` is decided: a bad value fails on one host too.
+  env_processes = _env_int(NUM_PROCESSES_ENV, minimum=1)
+  env_id = _env_int(PROCESS_ID_ENV, minimum=0)
+  heartbeat = _env_int(HEARTBEAT_ENV, minimum=1)
   if enabled is None:
     enabled = _requested(coordinator_address)
   if not enabled:
@@ -124,10 +130,9 @@ def initialize(
     return True
   coordinator_address = coordinator_address or os.environ.get(COORDINATOR_ENV)
   if num_processes is None:
-    num_processes = _env_int(NUM_PROCESSES_ENV)
+    num_processes = env_processes
   if process_id is None:
-    process_id = _env_int(PROCESS_ID_ENV)
-  heartbeat = _env_int(HEARTBEAT_ENV)
+    process_id = env_id
   # Cross-process collectives of XLA:CPU (a no-op for accelerators).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(
@@ -191,14 +196,18 @@ def _exit_on_termination_signals() -> None:
   threading.Thread(target=watch, name='signal-watch', daemon=True).start()
 
 
-def _env_int(name: str) -> int | None:
+def _env_int(name: str, minimum: int) -> int | None:
+  """The int in environment variable `name` (None when unset or empty)."""
   value = os.environ.get(name, '').strip()
   if not value:
     return None
   try:
-    return int(value)
+    number = int(value)
   except ValueError:
-    raise ValueError(f'${name} must be an int, got {value!r}') from None
+    number = None
+  if number is None or number < minimum:
+    raise ValueError(f'${name} must be an int >= {minimum}, got {value!r}')
+  return number
 
 
 def local_batch_slice(

@@ -54,7 +54,7 @@ def repeated_score(model, state, num_tokens: int, calls: int, attention=None):
 
   Each call rolls back to the same index and writes the cache the next call
   reads, so XLA cannot hoist the work out of the loop. With a tree's
-  `attention` (`core.tree.TreeAttention`, static) the calls are
+  `attention` (`core.tree_shape.TreeAttention`, static) the calls are
   `score_tree` calls over its nodes, timed by the same loop, so a tree's
   cost and a chain's are comparable.
   """
@@ -187,7 +187,7 @@ def tree_step_time(
   length: int | None = None,
 ) -> float:
   """`step_times` for one `score_tree` call over a tree of `num_nodes`
-  nodes (root included) with `attention` (`TreeAttention.target_attention`
+  nodes (root included) with `attention` (`TreeShape.target_attention`
   of its shape): the same loop, calls and rollback, so v_tree(n) and
   v_chain(n) differ only in the call."""
   length = length or prefix + num_nodes + 2

@@ -131,7 +131,7 @@ def write(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def tree_layout(index: jax.Array, length: int, tree):
-  """Positions and visibility of a tree call (`core.tree.TreeAttention`)
+  """Positions and visibility of a tree call (`core.tree_shape.TreeAttention`)
   in a cache of `length` slots (`layers.layout.tree_slot_layout`).
 
   Returns:

@@ -6,7 +6,7 @@ library functions below carry no gin decorators: `spec-decode train`
 bindings and calls the gin-configured `train`, which takes the settings'
 fields as keyword arguments and calls `run` (dynamic registration, so a
 config binds `lm.train.<field>` after `from spec_decode.train import lm`),
-the way T5X's `train.py` does.
+the way T5X's `t5x/train.py` does.
 
     spec-decode train --gin_file=configs/train_demo_target.gin \\
         --model_dir=runs/demo/target [--gin.TRAIN_STEPS=2000]

@@ -1,4 +1,9 @@
-"""Multi-host helpers, in one process (where local means global)."""
+"""Multi-host helpers, in one process (where local means global), and the
+exit code of `spec-decode` on a bad multi-process environment."""
+
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -73,3 +78,48 @@ def test_partitioner_rules_and_validation():
     Partitioner(data=jax.device_count() + 1, model=1)
   assert Partitioner(model_parallel_submesh=(1, 1, 1, 1)) == p
   assert hash(Partitioner()) == hash(p)
+
+
+@pytest.mark.parametrize('value', ['0', '-1', ' two '])
+def test_a_bad_process_count_is_refused_before_a_start(clean_env, value):
+  clean_env.setenv('JAX_NUM_PROCESSES', value)
+  with pytest.raises(
+    ValueError, match=r'\$JAX_NUM_PROCESSES must be an int >= 1'
+  ):
+    multihost.initialize()  # Refused on one host too, not ignored.
+  clean_env.setenv('JAX_NUM_PROCESSES', '2')
+  clean_env.setenv('JAX_PROCESS_ID', '-1')
+  with pytest.raises(ValueError, match=r'\$JAX_PROCESS_ID must be an int >= 0'):
+    multihost.initialize()
+
+
+@pytest.mark.parametrize('value', ['0', '-1'])
+def test_spec_decode_exits_2_on_a_bad_process_count(clean_env, capsys, value):
+  from spec_decode import main  # pylint: disable=g-import-not-at-top
+
+  clean_env.setenv('JAX_NUM_PROCESSES', value)
+  for command in ('eval', 'infer', 'train', 'bench'):
+    assert main.run([command, '--gin_file=configs/missing.gin']) == 2
+    err = capsys.readouterr().err
+    assert err == (
+      f'spec-decode {command}: $JAX_NUM_PROCESSES must be an int >= 1, '
+      f'got {value!r}\n'
+    )
+
+
+def test_spec_decode_eval_with_a_bad_process_count_exits_2_untraced():
+  env = dict(os.environ, JAX_NUM_PROCESSES='two', JAX_PLATFORMS='cpu')
+  env.pop('JAX_COORDINATOR_ADDRESS', None)
+  done = subprocess.run(
+    [sys.executable, '-m', 'spec_decode.main', 'eval'],
+    env=env,
+    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.endswith(
+    "spec-decode eval: $JAX_NUM_PROCESSES must be an int >= 1, got 'two'\n"
+  )
+  assert 'Traceback' not in done.stderr

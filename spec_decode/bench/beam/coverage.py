@@ -44,7 +44,7 @@ def step_ranks(
     model: the model that ranks.
     enc: `[B, S]` encoder tokens.
     seqs: `[B, M + 1, K, M + 1]` the live sequences after each step (as
-      `bench.controlled_beam.live_sequences` records them).
+      `bench.beam.controlled.live_sequences` records them).
     live: `[B, M + 1, K]` which of them are real beams.
     steps: `[B]` the steps each row took.
 

@@ -40,7 +40,7 @@ Two sections, printed as one table and written as JSON (`--out`, key
    ('shared last') next to the measured steps per call, which is the
    measured quantity. alpha = 0 commits exactly one step per call.
 
-3. Coverage (`beam_coverage.py`, JSON key `beam_coverage`): along plain
+3. Coverage (`bench/beam/coverage.py`, JSON key `beam_coverage`): along plain
    beam search's path on the demo inputs, how often all K new live beams'
    tokens rank among their parents' c best non-EOS tokens, ranked by the
    target (a perfect draft's ceiling) and by the draft: why a K-beam step

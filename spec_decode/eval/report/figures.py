@@ -126,7 +126,7 @@ def _step_costs(records, batch_size, plain, costs):
   draft's loop step is the draft decoding alone's (records'
   `draft_alone_*`), and `c_loops` their ratio (None without such decodes).
   `apart` holds c and v(k) timed apart from the loops: from the records'
-  probes (`_probe_costs`), else `costs` (`costs.measure`, after the
+  probes (`_probe_costs`), else `costs` (`policy.timing.measure`, after the
   decodes: beam search, records of an older run).
   """
   t = plain['seconds'] / max(plain['target_calls'], 1)
@@ -142,7 +142,7 @@ def _step_costs(records, batch_size, plain, costs):
   if apart is None and costs is not None:
     apart = {
       **_apart(costs),
-      'source': 'costs.measure after the decodes (batch, prefix 16)',
+      'source': 'policy.timing.measure after the decodes (batch, prefix 16)',
     }
   return {'target_step_seconds': t, 'c_loops': c_loops, 'apart': apart}
 
@@ -390,7 +390,7 @@ def results(
 
 
 def _apart(costs: dict[str, Any]) -> dict[str, Any]:
-  """`costs.measure`'s figures as results.json keeps them."""
+  """`policy.timing.measure`'s figures as results.json keeps them."""
   return {
     'c': costs['c'],
     'v_of_k': {str(k): v for k, v in costs['v_of_k'].items()},
