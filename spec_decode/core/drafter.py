@@ -202,6 +202,114 @@ def full_proposal(tokens: jax.Array, q: jax.Array | None) -> Proposal:
   return Proposal(tokens=tokens, q=q, num=num)
 
 
+def check_proposal(
+  drafter: Any,
+  proposal: Any,
+  context: DraftContext,
+  size: Any,
+  given: DraftState,
+  returned: DraftState,
+) -> None:
+  """Raises unless `proposal` is what the loop that asked for it needs.
+
+  The loops call it once per iteration body, where they receive a
+  proposal. Shapes and dtypes are static under jit, so it runs in plain
+  Python while the loop is traced and costs the compiled loop nothing (as
+  Gemma checks its sampler's state); an error names the drafter's class,
+  the field, what it had and what the loop needs.
+
+  Args:
+    drafter: the drafter that proposed.
+    proposal: what its `propose` (`size` an int) or `propose_tree` (`size`
+      a `core.tree_shape.TreeShape`) returned.
+    context: the `DraftContext` it was given; B = its rows.
+    size: G, the tokens per row `propose` was asked for, or the tree's
+      shape (N = its `num_nodes`).
+    given: the draft state the drafter was given.
+    returned: the one it returned. The loop carries it from iteration to
+      iteration: it must have `given`'s structure, shapes and dtypes.
+
+  Raises:
+    TypeError: not a `Proposal` (`TreeProposal`), or a field's dtype.
+    ValueError: a field's shape.
+  """
+  tree = hasattr(size, 'num_nodes')
+  where = f'{type(drafter).__name__}.{"propose_tree" if tree else "propose"}'
+  kind = TreeProposal if tree else Proposal
+  if not isinstance(proposal, kind):
+    raise TypeError(
+      f'{where} returned {type(proposal).__name__} as its proposal; '
+      f'expected a core.drafter.{kind.__name__}'
+    )
+  batch = context.length.shape[0]
+  vocab = getattr(drafter, 'vocab_size', None)
+  n, name = (size.num_nodes, 'N') if tree else (int(size), 'G')
+  legend = f'B = {batch} rows, {name} = {n}, V = {vocab or "any"}'
+  fields = [
+    ('tokens', (batch, n), jnp.int32, f'[B, {name}]'),
+    ('q', (batch, n, vocab), jnp.floating, f'[B, {name}, V] or None'),
+  ]
+  if tree:
+    fields.append(('valid', (batch, n), jnp.bool_, '[B, N]'))
+  else:
+    fields.append(('num', (batch,), jnp.int32, '[B] or None'))
+  for field, shape, dtype, dims in fields:
+    value = getattr(proposal, field)
+    if value is None and field in ('q', 'num'):
+      continue
+    check_array(
+      where, f'{kind.__name__}.{field}', value, shape, dtype,
+      f'{dims}: {legend}',
+    )  # fmt: skip
+  check_draft_state(where, given, returned)
+
+
+def check_draft_state(where: str, given: DraftState, returned: DraftState):
+  """Raises unless the draft state `where` (a drafter's `Class.method`)
+  returned has the structure, shapes and dtypes of the one it was given."""
+  expected = jax.tree_util.tree_flatten_with_path(given)
+  got = jax.tree_util.tree_flatten_with_path(returned)
+  if expected[1] != got[1]:
+    raise TypeError(
+      f'{where} returned a draft state of another structure than it was '
+      f'given (the loop carries it from iteration to iteration): '
+      f'{got[1]}; expected {expected[1]}'
+    )
+  for (path, before), (_, after) in zip(expected[0], got[0], strict=True):
+    dtype = (
+      before.dtype if hasattr(before, 'dtype') else jnp.result_type(before)
+    )
+    check_array(
+      where, f'draft state{jax.tree_util.keystr(path)}', after,
+      jnp.shape(before), dtype, 'the state it was given',
+    )  # fmt: skip
+
+
+def check_array(where, field, value, shape, dtype, meaning) -> None:
+  """Raises unless `value` has `shape` (None: any size) and `dtype` (a
+  dtype, or an abstract one such as `jnp.floating`)."""
+  dims = ', '.join('?' if d is None else str(d) for d in shape)
+  want = f'({dims}{"," if len(shape) == 1 else ""})'
+  want += f' {getattr(dtype, "__name__", dtype)}'
+  if not hasattr(value, 'shape') or not hasattr(value, 'dtype'):
+    raise TypeError(
+      f'{where} returned {field} = {type(value).__name__}, not an array; '
+      f'expected shape {want} ({meaning})'
+    )
+  got = f'{tuple(value.shape)} {value.dtype}'
+  if len(value.shape) != len(shape) or any(
+    d is not None and d != v for d, v in zip(shape, value.shape, strict=True)
+  ):
+    raise ValueError(
+      f'{where} returned {field} of shape {got}; expected {want} ({meaning})'
+    )
+  if not jnp.issubdtype(value.dtype, dtype):
+    raise TypeError(
+      f'{where} returned {field} of dtype {value.dtype}; expected {want} '
+      f'({meaning})'
+    )
+
+
 def reads(proposer: Any, what: str) -> bool:
   """Whether `proposer` declares `uses_<what>` (`features`: target_features,
   `recent_features`, `target_state`)."""
