@@ -147,8 +147,8 @@ def check_logits(draft: Any, call: str, logits: Any, dims: str, *sizes):
     f'{d} = {n}' for d, n in zip(names, sizes + (vocab,), strict=True)
   )
   drafter.check_array(
-    f'{type(draft).__name__}.{call}', 'logits', logits, sizes + (vocab,),
-    jnp.floating, meaning,
+    f'{type(draft).__name__}.{call} returned logits', logits,
+    sizes + (vocab,), jnp.floating, meaning,
   )  # fmt: skip
 
 

@@ -242,6 +242,7 @@ def check_proposal(
       f'expected a core.drafter.{kind.__name__}'
     )
   batch = context.length.shape[0]
+  _check_context(where, context, batch, size.depth if tree else int(size))
   vocab = getattr(drafter, 'vocab_size', None)
   n, name = (size.num_nodes, 'N') if tree else (int(size), 'G')
   legend = f'B = {batch} rows, {name} = {n}, V = {vocab or "any"}'
@@ -258,10 +259,30 @@ def check_proposal(
     if value is None and field in ('q', 'num'):
       continue
     check_array(
-      where, f'{kind.__name__}.{field}', value, shape, dtype,
+      f'{where} returned {kind.__name__}.{field}', value, shape, dtype,
       f'{dims}: {legend}',
     )  # fmt: skip
   check_draft_state(where, given, returned)
+
+
+def _check_context(where: str, context: DraftContext, batch: int, depth: int):
+  """Raises unless the context a loop gave `where` has the documented
+  shapes (`DraftContext`): B rows, one key per position drafted."""
+  fields = [
+    ('inputs', (batch, None), jnp.int32, '[B, L]'),
+    ('length', (batch,), jnp.int32, '[B]'),
+    ('encoder_tokens', (batch, None), jnp.int32, '[B, S]'),
+    ('keys', (batch, depth), jax.dtypes.prng_key, f'[B, {depth}] PRNG keys'),
+    ('target_features', (batch, None), jnp.float32, '[B, D] or None'),
+    ('recent_features', (batch, None, None), jnp.float32, '[B, K, D] or None'),
+  ]
+  for field, shape, dtype, dims in fields:
+    value = getattr(context, field)
+    if value is not None or field in ('inputs', 'length', 'keys'):
+      check_array(
+        f'the loop gave {where} DraftContext.{field}', value, shape, dtype,
+        f'{dims}, B = {batch}',
+      )  # fmt: skip
 
 
 def check_draft_state(where: str, given: DraftState, returned: DraftState):
@@ -280,33 +301,41 @@ def check_draft_state(where: str, given: DraftState, returned: DraftState):
       before.dtype if hasattr(before, 'dtype') else jnp.result_type(before)
     )
     check_array(
-      where, f'draft state{jax.tree_util.keystr(path)}', after,
+      f'{where} returned draft state{jax.tree_util.keystr(path)}', after,
       jnp.shape(before), dtype, 'the state it was given',
     )  # fmt: skip
 
 
-def check_array(where, field, value, shape, dtype, meaning) -> None:
+def check_array(what: str, value: Any, shape, dtype, meaning: str) -> None:
   """Raises unless `value` has `shape` (None: any size) and `dtype` (a
-  dtype, or an abstract one such as `jnp.floating`)."""
+  dtype, or an abstract one such as `jnp.floating`).
+
+  Args:
+    what: who handed which field, e.g. 'NGram.propose returned
+      Proposal.tokens' (the error starts with it).
+    value: the array.
+    shape: the expected shape.
+    dtype: the expected dtype.
+    meaning: the axes' names and sizes, for the error.
+  """
   dims = ', '.join('?' if d is None else str(d) for d in shape)
   want = f'({dims}{"," if len(shape) == 1 else ""})'
   want += f' {getattr(dtype, "__name__", dtype)}'
   if not hasattr(value, 'shape') or not hasattr(value, 'dtype'):
     raise TypeError(
-      f'{where} returned {field} = {type(value).__name__}, not an array; '
-      f'expected shape {want} ({meaning})'
+      f'{what} = {type(value).__name__}, not an array; expected {want} '
+      f'({meaning})'
     )
-  got = f'{tuple(value.shape)} {value.dtype}'
   if len(value.shape) != len(shape) or any(
     d is not None and d != v for d, v in zip(shape, value.shape, strict=True)
   ):
     raise ValueError(
-      f'{where} returned {field} of shape {got}; expected {want} ({meaning})'
+      f'{what} of shape {tuple(value.shape)} {value.dtype}; expected {want} '
+      f'({meaning})'
     )
   if not jnp.issubdtype(value.dtype, dtype):
     raise TypeError(
-      f'{where} returned {field} of dtype {value.dtype}; expected {want} '
-      f'({meaning})'
+      f'{what} of dtype {value.dtype}; expected {want} ({meaning})'
     )
 
 

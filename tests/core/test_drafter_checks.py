@@ -11,6 +11,7 @@ shape error deep inside the verifier.
 from typing import Any
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -181,7 +182,9 @@ def _context(batch=2, gamma=3):
     inputs=jnp.zeros((batch, 10), jnp.int32),
     length=jnp.zeros((batch,), jnp.int32),
     encoder_tokens=jnp.zeros((batch, 3), jnp.int32),
-    keys=jnp.zeros((batch, gamma), jnp.uint32),
+    keys=jax.random.split(jax.random.key(0), batch * gamma).reshape(
+      batch, gamma
+    ),
   )
 
 
@@ -203,6 +206,17 @@ def test_the_checks_read_every_field():
     drafter_lib.check_proposal(
       d, ok.replace(q=jnp.zeros((2, 3))), _context(), 3, None, None
     )
+  with pytest.raises(
+    ValueError,
+    match=r'the loop gave Mangler\.propose DraftContext\.keys of shape '
+    r'\(2, 3\) key<fry>; expected \(2, 4\) prng_key',
+  ):
+    drafter_lib.check_proposal(d, ok, _context(), 4, None, None)
+  with pytest.raises(
+    TypeError, match=r'DraftContext\.target_features of dtype int32; '
+  ):
+    context = _context().replace(target_features=jnp.zeros((2, 5), int))
+    drafter_lib.check_proposal(d, ok, context, 3, None, None)
   shape = tree_shape.from_branching((2, 1))
   with pytest.raises(
     TypeError, match=r'Mangler\.propose_tree returned Proposal as its '
