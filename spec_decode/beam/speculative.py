@@ -301,7 +301,7 @@ class Iteration:
     target: a `protocol.TreeLanguageModel`.
     draft: a `protocol.TreeLanguageModel` with the target's vocabulary.
     encoder_tokens: `[B, S] int32`.
-    settings: `beam_search.BeamSettings` (static).
+    settings: `beam.search.BeamSettings` (static).
     layout: the draft trees' sizes (static): G = `layout.gamma` levels.
     policy: None: every iteration is a speculative call. Else
       (`gamma='auto'`) each iteration is a plain step or a speculative call

@@ -27,6 +27,10 @@ call they make anyway, never from a second target call):
     values and its committed cache slots (drafts that share them).
 The loops keep the window with `feature_window` and `slide_features`.
 
+What a drafter hands back is checked where a loop receives it
+(`check_proposal`, at trace time): a malformed proposal or draft state is
+an error naming the drafter's class and the field.
+
 What a drafter may assume about the previous iteration: its rows accepted
 at most `accepted_bound(context, depth)` draft tokens, `depth` being this
 call's (`settings.gamma` for `propose`, the tree's depth D for
