@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from spec_decode.core import drafter
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RowTreeAttention:
@@ -135,6 +137,21 @@ def _best_children(logits: jax.Array, eos_id: int, c: int):
   return tokens.astype(jnp.int32), values
 
 
+def check_logits(draft: Any, call: str, logits: Any, dims: str, *sizes):
+  """Raises unless the draft's `call` returned float logits of shape
+  `sizes + (V,)` (`dims` names the axes; V: the draft's vocabulary),
+  naming the draft's class and the call (`core.drafter.check_array`)."""
+  vocab = draft.vocab_size
+  names = dims[1:-1].split(', ')
+  meaning = f'{dims}: ' + ', '.join(
+    f'{d} = {n}' for d, n in zip(names, sizes + (vocab,), strict=True)
+  )
+  drafter.check_array(
+    f'{type(draft).__name__}.{call} returned logits', logits,
+    sizes + (vocab,), jnp.floating, meaning,
+  )  # fmt: skip
+
+
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
   """`x[r, idx[r, j], ...]` for `x [R, N, ...]`, `idx [R, J]`."""
   idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
@@ -189,6 +206,7 @@ def grow(
       positions=positions, mask=new_rows, offset=offset
     )
     logits, state = draft.score_tree(state, _take(tokens, kept), attention)
+    check_logits(draft, 'score_tree', logits, '[R, T, V]', rows, width)
     tokens, values = _best_children(logits, eos_id, c)
     cum = (_take(cum, kept)[:, :, None] + values).reshape(rows, width * c)
     tokens = tokens.reshape(rows, width * c)

@@ -29,6 +29,7 @@ Shapes: `B` rows, `K` beams, `V` vocabulary, `M` = max_decode_len, `G` =
 gamma, `N` tree nodes per beam (`draft_trees.TreeLayout`).
 """
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -179,8 +180,12 @@ def _draft_trees(draft, state, start, beams, layout, eos_id, chunk_len):
       ds, chunk.reshape(batch * k, chunk_len)
     )
     root = draft.project(jnp.take_along_axis(feats, at_root, axis=1)[:, 0])
+    draft_trees.check_logits(draft, 'project', root, '[R, V]', batch * k)
   else:
     logits, ds = draft.score(ds, chunk.reshape(batch * k, chunk_len))
+    draft_trees.check_logits(
+      draft, 'score', logits, '[R, T, V]', batch * k, chunk_len
+    )
     root = jnp.take_along_axis(logits, at_root, axis=1)[:, 0]
   kept = draft.rollback(ds, jnp.repeat(step, k))
   ds = draft.rollback(ds, jnp.repeat(step + 1, k))
@@ -284,17 +289,15 @@ def _replay(beams, done, node_logits, trees, settings, gamma, children):
   return r.beams, r.done, r.origin, r.path, r.count, r.tried
 
 
-def spec_beam_decode(
-  target,
-  draft,
-  encoder_tokens: jax.Array,
-  settings: Any,
-  layout: draft_trees.TreeLayout,
-  policy: beam_policy.BeamPolicyInputs | None = None,
-):
-  """Speculative beam search over `encoder_tokens [B, S]` (module doc).
+@dataclasses.dataclass(frozen=True)
+class Iteration:
+  """What every iteration of one speculative beam search closes over.
 
-  Args:
+  `chain/steps.py`'s `Iteration` shape: the loop's constants as fields,
+  `init` the first state, `speculative` and `plain` the two kinds of
+  iteration, `body` one pass of the `lax.while_loop` that `run` drives.
+
+  Attributes:
     target: a `protocol.TreeLanguageModel`.
     draft: a `protocol.TreeLanguageModel` with the target's vocabulary.
     encoder_tokens: `[B, S] int32`.
@@ -303,49 +306,88 @@ def spec_beam_decode(
     policy: None: every iteration is a speculative call. Else
       (`gamma='auto'`) each iteration is a plain step or a speculative call
       as `beam_policy.speculate` decides from these run-time inputs.
-
-  Returns:
-    tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
-    steps `[B]`, target calls `[B]` (plain steps included), the histogram
-    `[B, G + 1]` of steps per speculative call and the depth tries `[B, G]`
-    (`SpecBeamState`).
   """
-  batch = encoder_tokens.shape[0]
-  k, g = settings.num_beams, layout.gamma
-  m = settings.max_decode_len
-  size = layout.num_nodes + 1
-  group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
-  projects = _projects(target, 'score_tree_with_features')
-  # With plain steps between speculative calls the draft catches up on up
-  # to MAX_IDLE more inputs, in a longer chunk (only when it must).
-  long_chunk = g + 2 + (0 if policy is None else CATCH_UP)
 
-  def repeat(state):
-    return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
+  target: Any
+  draft: Any
+  encoder_tokens: jax.Array
+  settings: Any
+  layout: draft_trees.TreeLayout
+  policy: beam_policy.BeamPolicyInputs | None = None
 
-  def speculative(s: SpecBeamState) -> SpecBeamState:
-    b = s.beams
-    step = b.step
-    grow = lambda n: (
-      lambda ds: _draft_trees(  # noqa: E731
-        draft, ds, s.start, b, layout, settings.eos_id, n
-      )
+  @property
+  def batch(self) -> int:
+    return self.encoder_tokens.shape[0]
+
+  @property
+  def long_chunk(self) -> int:
+    """The draft's catch-up chunk (inputs): with plain steps between
+    speculative calls it catches up on up to MAX_IDLE more inputs, in a
+    longer chunk (only when it must)."""
+    g = self.layout.gamma
+    return g + 2 + (0 if self.policy is None else CATCH_UP)
+
+  def init(self) -> SpecBeamState:
+    """The loop's first state: every row's beams before step 0."""
+    batch, k = self.batch, self.settings.num_beams
+    m, g = self.settings.max_decode_len, self.layout.gamma
+    enc, size = self.encoder_tokens, self.layout.num_nodes + 1
+
+    def repeat(state):
+      return jax.tree.map(lambda x: jnp.repeat(x, k, axis=0), state)
+
+    beams = beam_rules.Beams.init(batch, k, m)
+    draft_len = m + self.long_chunk + 1 + self.layout.num_nodes
+    return SpecBeamState(
+      beams=beams,
+      done=beam_rules.stopped(beams, self.settings.alpha),
+      target=repeat(self.target.init_state(enc, m + size + 1)),
+      draft=repeat(self.draft.init_state(enc, draft_len)),
+      start=jnp.zeros((batch,), jnp.int32),
+      calls=jnp.zeros((batch,), jnp.int32),
+      histogram=jnp.zeros((batch, g + 1), jnp.int32),
+      depth_tries=jnp.zeros((batch, g), jnp.int32),
+      draft_rows=jnp.arange(batch * k, dtype=jnp.int32),
+      idle=jnp.zeros((), jnp.int32),
+      iteration=jnp.zeros((), jnp.int32),
     )
-    if policy is None:
-      trees, draft_kept = grow(g + 2)(s.draft)
-    else:
-      ds = reorder_rows(draft, s.draft, s.draft_rows)
-      # A conditional again, but it writes only the draft's small cache:
-      # the auto calls at 1 beam cost 1.84 ms against 1.82 without it.
-      short = jnp.all(step - s.start < g + 2)
-      trees, draft_kept = lax.cond(short, grow(g + 2), grow(long_chunk), ds)
-    nodes = trees.tokens.at[:, 0].set(b.last_tokens().reshape(-1))
+
+  def _trees(self, s: SpecBeamState) -> tuple[draft_trees.BeamTrees, Any]:
+    """Every live beam's draft tree and the draft's state to keep
+    (`_draft_trees`), from the draft's rows of the beams."""
+    g = self.layout.gamma
+
+    def grow(chunk_len):
+      return lambda ds: _draft_trees(
+        self.draft, ds, s.start, s.beams, self.layout, self.settings.eos_id,
+        chunk_len,
+      )  # fmt: skip
+
+    if self.policy is None:
+      return grow(g + 2)(s.draft)
+    ds = reorder_rows(self.draft, s.draft, s.draft_rows)
+    # A conditional again, but it writes only the draft's small cache:
+    # the auto calls at 1 beam cost 1.84 ms against 1.82 without it.
+    short = jnp.all(s.beams.step - s.start < g + 2)
+    return lax.cond(short, grow(g + 2), grow(self.long_chunk), ds)
+
+  def _score_trees(self, s: SpecBeamState, trees: draft_trees.BeamTrees):
+    """The target's ONE call on every beam's tree.
+
+    Returns:
+      `node_logits(origin [B, K], node [B, K])` -> `[B, K, V]` (the
+      target's logits at those nodes) and the target's state.
+    """
+    batch, k = self.batch, self.settings.num_beams
+    size = self.layout.num_nodes + 1
+    target = self.target
+    nodes = trees.tokens.at[:, 0].set(s.beams.last_tokens().reshape(-1))
     attention = draft_trees.RowTreeAttention(
-      positions=layout.depths, mask=trees.mask
+      positions=self.layout.depths, mask=trees.mask
     )
-    tgt = target.rollback(s.target, jnp.repeat(step, k))
+    tgt = target.rollback(s.target, jnp.repeat(s.beams.step, k))
     bidx = jnp.arange(batch)[:, None]
-    if projects:
+    if _projects(target, 'score_tree_with_features'):
       # Hidden states only: a replayed step projects the K nodes it reads.
       _, feats, tgt = target.score_tree_with_features(tgt, nodes, attention)
       feats = feats.reshape(batch, k, size, -1)
@@ -360,25 +402,35 @@ def spec_beam_decode(
       def node_logits(origin, node):
         return logits[bidx, origin, node]
 
+    return node_logits, tgt
+
+  def speculative(self, s: SpecBeamState) -> SpecBeamState:
+    """One speculative call (module docstring, steps 1-4)."""
+    batch, k = self.batch, self.settings.num_beams
+    g = self.layout.gamma
+    trees, draft_kept = self._trees(s)
+    node_logits, tgt = self._score_trees(s, trees)
     per_beam = jax.tree.map(
       lambda x: x.reshape((batch, k) + x.shape[1:]), trees
     )
     b, done, origin, path, count, tried = _replay(
-      b, s.done, node_logits, per_beam, settings, g, layout.children
-    )
+      s.beams, s.done, node_logits, per_beam, self.settings, g,
+      self.layout.children,
+    )  # fmt: skip
     active = (~s.done).astype(jnp.int32)
+    group = jnp.arange(batch, dtype=jnp.int32)[:, None] * k
     rows = (group + origin).reshape(-1)
-    tgt = reorder_rows(target, tgt, rows)
-    tgt = target.commit_tree(
+    tgt = reorder_rows(self.target, tgt, rows)
+    tgt = self.target.commit_tree(
       tgt, path.reshape(batch * k, g + 1), jnp.repeat(count, k)
     )
     return s.replace(
       beams=b,
       done=done,
       target=tgt,
-      draft=reorder_rows(draft, draft_kept, rows),
+      draft=reorder_rows(self.draft, draft_kept, rows),
       draft_rows=draft_rows_after_call(s.draft_rows),
-      start=step,
+      start=s.beams.step,
       calls=s.calls + active,
       histogram=s.histogram
       + jax.nn.one_hot(count - 1, g + 1, dtype=jnp.int32) * active[:, None],
@@ -386,10 +438,10 @@ def spec_beam_decode(
       idle=jnp.zeros_like(s.idle),
     )
 
-  def plain(s: SpecBeamState) -> SpecBeamState:
+  def plain(self, s: SpecBeamState) -> SpecBeamState:
     """One step of plain beam search; the draft waits."""
     beams, done, tgt, rows = plain_step(
-      target, s.target, s.beams, s.done, settings
+      self.target, s.target, s.beams, s.done, self.settings
     )
     return s.replace(
       beams=beams,
@@ -400,52 +452,75 @@ def spec_beam_decode(
       idle=s.idle + 1,
     )
 
-  def cond(s: SpecBeamState) -> jax.Array:
+  def going(self, s: SpecBeamState) -> jax.Array:
+    """`[]` a row is still decoding (and, under a policy, the iterations
+    are within its `max_iterations`)."""
     going = jnp.any(~s.done)
-    if policy is not None:
-      going &= s.iteration < policy.max_iterations
+    if self.policy is not None:
+      going &= s.iteration < self.policy.max_iterations
     return going
 
-  def counted(step_fn):
-    return lambda s: step_fn(s).replace(iteration=s.iteration + 1)
-
-  def wants_call(s: SpecBeamState) -> jax.Array:
+  def wants_call(self, s: SpecBeamState) -> jax.Array:
+    """`[]` the policy's choice for the next iteration: a speculative call."""
     return beam_policy.speculate(
-      s.histogram, ~s.done, policy, s.iteration, s.idle
+      s.histogram, ~s.done, self.policy, s.iteration, s.idle
     )
 
-  def body(s: SpecBeamState) -> SpecBeamState:
-    if policy is None:
-      return counted(speculative)(s)
-    # A run of plain steps, then a run of calls, as the policy picks them.
+  def body(self, s: SpecBeamState) -> SpecBeamState:
+    """One pass of the loop: a speculative call, or under a policy a run of
+    plain steps and then a run of calls."""
+
+    def counted(step_fn):
+      return lambda s: step_fn(s).replace(iteration=s.iteration + 1)
+
+    if self.policy is None:
+      return counted(self.speculative)(s)
     # Two inner loops, not a `lax.cond` between the kinds: a branch of a
     # conditional cannot update the caches it is given in place (XLA
     # copies every cache buffer a branch writes, each iteration: measured
     # 1.79 ms per plain step against 1.36 in plain beam search's loop at
     # 4 beams on the demo pair); a loop body can. Each pass makes progress:
     # one of the two runs takes at least one iteration.
-    s = lax.while_loop(lambda s: cond(s) & ~wants_call(s), counted(plain), s)
+    s = lax.while_loop(
+      lambda s: self.going(s) & ~self.wants_call(s), counted(self.plain), s
+    )
     return lax.while_loop(
-      lambda s: cond(s) & wants_call(s), counted(speculative), s
+      lambda s: self.going(s) & self.wants_call(s), counted(self.speculative), s
     )
 
-  beams = beam_rules.Beams.init(batch, k, m)
-  s = SpecBeamState(
-    beams=beams,
-    done=beam_rules.stopped(beams, settings.alpha),
-    target=repeat(target.init_state(encoder_tokens, m + size + 1)),
-    draft=repeat(
-      draft.init_state(encoder_tokens, m + long_chunk + 1 + layout.num_nodes)
-    ),
-    start=jnp.zeros((batch,), jnp.int32),
-    calls=jnp.zeros((batch,), jnp.int32),
-    histogram=jnp.zeros((batch, g + 1), jnp.int32),
-    depth_tries=jnp.zeros((batch, g), jnp.int32),
-    draft_rows=jnp.arange(batch * k, dtype=jnp.int32),
-    idle=jnp.zeros((), jnp.int32),
-    iteration=jnp.zeros((), jnp.int32),
-  )
-  s = lax.while_loop(cond, body, s)
+  def run(self) -> SpecBeamState:
+    """The whole search: `body` until every row has stopped."""
+    return lax.while_loop(self.going, self.body, self.init())
+
+
+def spec_beam_decode(
+  target,
+  draft,
+  encoder_tokens: jax.Array,
+  settings: Any,
+  layout: draft_trees.TreeLayout,
+  policy: beam_policy.BeamPolicyInputs | None = None,
+):
+  """Speculative beam search over `encoder_tokens [B, S]` (module doc).
+
+  Args:
+    target, draft, encoder_tokens, settings, layout, policy: `Iteration`'s
+      attributes.
+
+  Returns:
+    tokens `[B, K, M]`, scores `[B, K]`, lengths `[B, K]` (best first),
+    steps `[B]`, target calls `[B]` (plain steps included), the histogram
+    `[B, G + 1]` of steps per speculative call and the depth tries `[B, G]`
+    (`SpecBeamState`).
+  """
+  s = Iteration(
+    target=target,
+    draft=draft,
+    encoder_tokens=encoder_tokens,
+    settings=settings,
+    layout=layout,
+    policy=policy,
+  ).run()
   tokens, scores, lengths = beam_rules.outputs(s.beams, settings.eos_id)
   return (
     tokens,

@@ -126,6 +126,7 @@ class Iteration:
     proposal, ds = self.proposer.propose(
       state.draft, context, dataclasses.replace(settings, gamma=g)
     )
+    drafter.check_proposal(self.proposer, proposal, context, g, state.draft, ds)
     draft_tokens = proposal.tokens
     newest = buffer.gather(state.inputs, n[:, None])
     tgt = self.target.rollback(state.target, n)

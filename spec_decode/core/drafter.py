@@ -27,6 +27,10 @@ call they make anyway, never from a second target call):
     values and its committed cache slots (drafts that share them).
 The loops keep the window with `feature_window` and `slide_features`.
 
+What a drafter hands back is checked where a loop receives it
+(`check_proposal`, at trace time): a malformed proposal or draft state is
+an error naming the drafter's class and the field.
+
 What a drafter may assume about the previous iteration: its rows accepted
 at most `accepted_bound(context, depth)` draft tokens, `depth` being this
 call's (`settings.gamma` for `propose`, the tree's depth D for
@@ -200,6 +204,143 @@ def full_proposal(tokens: jax.Array, q: jax.Array | None) -> Proposal:
   """A proposal of all G tokens in every row."""
   num = jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)
   return Proposal(tokens=tokens, q=q, num=num)
+
+
+def check_proposal(
+  drafter: Any,
+  proposal: Any,
+  context: DraftContext,
+  size: Any,
+  given: DraftState,
+  returned: DraftState,
+) -> None:
+  """Raises unless `proposal` is what the loop that asked for it needs.
+
+  The loops call it once per iteration body, where they receive a
+  proposal. Shapes and dtypes are static under jit, so it runs in plain
+  Python while the loop is traced and costs the compiled loop nothing (as
+  Gemma checks its sampler's state); an error names the drafter's class,
+  the field, what it had and what the loop needs.
+
+  Args:
+    drafter: the drafter that proposed.
+    proposal: what its `propose` (`size` an int) or `propose_tree` (`size`
+      a `core.tree_shape.TreeShape`) returned.
+    context: the `DraftContext` it was given; B = its rows.
+    size: G, the tokens per row `propose` was asked for, or the tree's
+      shape (N = its `num_nodes`).
+    given: the draft state the drafter was given.
+    returned: the one it returned. The loop carries it from iteration to
+      iteration: it must have `given`'s structure, shapes and dtypes.
+
+  Raises:
+    TypeError: not a `Proposal` (`TreeProposal`), or a field's dtype.
+    ValueError: a field's shape.
+  """
+  tree = hasattr(size, 'num_nodes')
+  where = f'{type(drafter).__name__}.{"propose_tree" if tree else "propose"}'
+  kind = TreeProposal if tree else Proposal
+  if not isinstance(proposal, kind):
+    raise TypeError(
+      f'{where} returned {type(proposal).__name__} as its proposal; '
+      f'expected a core.drafter.{kind.__name__}'
+    )
+  batch = context.length.shape[0]
+  _check_context(where, context, batch, size.depth if tree else int(size))
+  vocab = getattr(drafter, 'vocab_size', None)
+  n, name = (size.num_nodes, 'N') if tree else (int(size), 'G')
+  legend = f'B = {batch} rows, {name} = {n}, V = {vocab or "any"}'
+  fields = [
+    ('tokens', (batch, n), jnp.int32, f'[B, {name}]'),
+    ('q', (batch, n, vocab), jnp.floating, f'[B, {name}, V] or None'),
+  ]
+  if tree:
+    fields.append(('valid', (batch, n), jnp.bool_, '[B, N]'))
+  else:
+    fields.append(('num', (batch,), jnp.int32, '[B] or None'))
+  for field, shape, dtype, dims in fields:
+    value = getattr(proposal, field)
+    if value is None and field in ('q', 'num'):
+      continue
+    check_array(
+      f'{where} returned {kind.__name__}.{field}', value, shape, dtype,
+      f'{dims}: {legend}',
+    )  # fmt: skip
+  check_draft_state(where, given, returned)
+
+
+def _check_context(where: str, context: DraftContext, batch: int, depth: int):
+  """Raises unless the context a loop gave `where` has the documented
+  shapes (`DraftContext`): B rows, one key per position drafted."""
+  fields = [
+    ('inputs', (batch, None), jnp.int32, '[B, L]'),
+    ('length', (batch,), jnp.int32, '[B]'),
+    ('encoder_tokens', (batch, None), jnp.int32, '[B, S]'),
+    ('keys', (batch, depth), jax.dtypes.prng_key, f'[B, {depth}] PRNG keys'),
+    ('target_features', (batch, None), jnp.float32, '[B, D] or None'),
+    ('recent_features', (batch, None, None), jnp.float32, '[B, K, D] or None'),
+  ]
+  for field, shape, dtype, dims in fields:
+    value = getattr(context, field)
+    if value is not None or field in ('inputs', 'length', 'keys'):
+      check_array(
+        f'the loop gave {where} DraftContext.{field}', value, shape, dtype,
+        f'{dims}, B = {batch}',
+      )  # fmt: skip
+
+
+def check_draft_state(where: str, given: DraftState, returned: DraftState):
+  """Raises unless the draft state `where` (a drafter's `Class.method`)
+  returned has the structure, shapes and dtypes of the one it was given."""
+  expected = jax.tree_util.tree_flatten_with_path(given)
+  got = jax.tree_util.tree_flatten_with_path(returned)
+  if expected[1] != got[1]:
+    raise TypeError(
+      f'{where} returned a draft state of another structure than it was '
+      f'given (the loop carries it from iteration to iteration): '
+      f'{got[1]}; expected {expected[1]}'
+    )
+  for (path, before), (_, after) in zip(expected[0], got[0], strict=True):
+    dtype = (
+      before.dtype if hasattr(before, 'dtype') else jnp.result_type(before)
+    )
+    check_array(
+      f'{where} returned draft state{jax.tree_util.keystr(path)}', after,
+      jnp.shape(before), dtype, 'the state it was given',
+    )  # fmt: skip
+
+
+def check_array(what: str, value: Any, shape, dtype, meaning: str) -> None:
+  """Raises unless `value` has `shape` (None: any size) and `dtype` (a
+  dtype, or an abstract one such as `jnp.floating`).
+
+  Args:
+    what: who handed which field, e.g. 'NGram.propose returned
+      Proposal.tokens' (the error starts with it).
+    value: the array.
+    shape: the expected shape.
+    dtype: the expected dtype.
+    meaning: the axes' names and sizes, for the error.
+  """
+  dims = ', '.join('?' if d is None else str(d) for d in shape)
+  want = f'({dims}{"," if len(shape) == 1 else ""})'
+  want += f' {getattr(dtype, "__name__", dtype)}'
+  if not hasattr(value, 'shape') or not hasattr(value, 'dtype'):
+    raise TypeError(
+      f'{what} = {type(value).__name__}, not an array; expected {want} '
+      f'({meaning})'
+    )
+  if len(value.shape) != len(shape) or any(
+    d is not None and d != v for d, v in zip(shape, value.shape, strict=True)
+  ):
+    raise ValueError(
+      f'{what} of shape {tuple(value.shape)} {value.dtype}; expected {want} '
+      f'({meaning})'
+    )
+  if not jnp.issubdtype(value.dtype, dtype):
+    raise TypeError(
+      f'{what} of dtype {value.dtype}; expected {want} ({meaning})'
+    )
 
 
 def reads(proposer: Any, what: str) -> bool:

@@ -267,6 +267,7 @@ def iterate(
       max_accepted=max_accepted,
     )
     proposal, ds = proposer.propose_tree(state.draft, context, settings, shape)
+    drafter.check_proposal(proposer, proposal, context, shape, state.draft, ds)
     root = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
     nodes = jnp.concatenate([root, proposal.tokens], axis=1)
     tgt = target.rollback(state.target, n)
