@@ -290,7 +290,7 @@ def _check_context(where: str, context: DraftContext, batch: int, depth: int):
 
 
 def check_draft_state(where: str, given: DraftState, returned: DraftState):
-  """Raises unless the draft state `where` (a drafter's `Class.method`)
+  """Raises unless the draft state `where` (a drafter's Class.method)
   returned has the structure, shapes and dtypes of the one it was given."""
   expected = jax.tree_util.tree_flatten_with_path(given)
   got = jax.tree_util.tree_flatten_with_path(returned)
