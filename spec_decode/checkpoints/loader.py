@@ -328,6 +328,12 @@ def _read_ours(directory: str):
   return config, read_vocabulary(directory)
 
 
+def stored_config(directory: str) -> Any:
+  """The config of one of our directories (`T5Config` or `T5GemmaConfig`),
+  without reading its weights."""
+  return _read_ours(directory)[0]
+
+
 def _expected_shapes(config) -> dict[str, tuple[int, ...]]:
   if isinstance(config, T5GemmaConfig):
     return t5gemma_hf.expected_shapes(config)

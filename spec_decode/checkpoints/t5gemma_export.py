@@ -29,6 +29,7 @@ from typing import Any
 import flax.traverse_util
 import numpy as np
 
+from spec_decode.checkpoints import huggingface
 from spec_decode.checkpoints import t5gemma_hf
 from spec_decode.t5gemma.config import SLIDING
 from spec_decode.t5gemma.config import Rope
@@ -36,8 +37,6 @@ from spec_decode.t5gemma.config import StackConfig
 from spec_decode.t5gemma.config import T5GemmaConfig
 
 HF_CONFIG_FILE = 'hf_config.json'
-WEIGHTS_FILE = 'model.safetensors'
-INDEX_FILE = 'model.safetensors.index.json'
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' default "5GB".
 _ARCHITECTURES = {
   1: 'T5GemmaForConditionalGeneration',
@@ -177,18 +176,6 @@ def tensors(config: T5GemmaConfig, params: Any) -> dict[str, np.ndarray]:
   return out
 
 
-def _shards(arrays: dict[str, np.ndarray], max_bytes: int) -> list[list[str]]:
-  shards, size = [[]], 0
-  for name in sorted(arrays):
-    n = arrays[name].nbytes
-    if shards[-1] and size + n > max_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(name)
-    size += n
-  return shards
-
-
 def write(
   path: str,
   config: T5GemmaConfig,
@@ -203,8 +190,6 @@ def write(
     FileExistsError: `path` exists and is not empty.
     ValueError: see `config_to_hf` and `tensors`.
   """
-  import safetensors.numpy  # pylint: disable=g-import-not-at-top
-
   path = os.path.abspath(os.fspath(path))
   if os.path.isdir(path) and os.listdir(path):
     raise FileExistsError(f'{path} exists and is not empty')
@@ -215,27 +200,7 @@ def write(
   with open(os.path.join(path, 'config.json'), 'w') as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
   files = ['config.json']
-  shards = _shards(arrays, max_shard_bytes)
-  weight_map = {}
-  for i, names in enumerate(shards):
-    name = WEIGHTS_FILE
-    if len(shards) > 1:
-      name = f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors'
-    safetensors.numpy.save_file(
-      {n: arrays[n] for n in names},
-      os.path.join(path, name),
-      metadata={'format': 'pt'},
-    )
-    weight_map.update({n: name for n in names})
-    files.append(name)
-  if len(shards) > 1:
-    index = {
-      'metadata': {'total_size': sum(a.nbytes for a in arrays.values())},
-      'weight_map': dict(sorted(weight_map.items())),
-    }
-    with open(os.path.join(path, INDEX_FILE), 'w') as f:
-      json.dump(index, f, indent=2)
-    files.append(INDEX_FILE)
+  files += huggingface.write_safetensors(path, arrays, max_shard_bytes)
   if isinstance(vocabulary, t5gemma_hf.GemmaVocabulary):
     with open(os.path.join(path, t5gemma_hf.TOKENIZER_FILE), 'wb') as f:
       f.write(vocabulary.serialized)
