@@ -87,11 +87,20 @@ def test_draft_and_target_share_their_vocabulary():
   for target, draft in (
     ('t5gemma/2b_2b', 't5gemma/s_s'),
     ('t5gemma/9b_2b', 't5gemma/b_b'),
+    ('t5gemma/9b_9b', 't5gemma/s_s'),
+    ('t5gemma/xl_xl', 't5gemma/b_b'),
+    ('t5gemma/ml_ml', 't5gemma/s_s'),
     ('t5gemma2/4b_4b', 't5gemma2/270m_270m'),
+    ('t5gemma2/1b_1b', 't5gemma2/270m_270m'),
   ):
     t = _built(f'models/{target}.gin')
     d = _built(f'models/{draft}.gin')
     assert t.vocab_size == d.vocab_size, (target, draft)
+  # Never across versions (256,000 ids against 262,208 rows).
+  assert (
+    _built('models/t5gemma/s_s.gin').vocab_size
+    != _built('models/t5gemma2/270m_270m.gin').vocab_size
+  )
 
 
 # Parameters of the released checkpoints. T5Gemma: the safetensors totals
