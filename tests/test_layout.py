@@ -62,9 +62,12 @@ LONG_FUNCTIONS = {
 }
 # Command-line modules besides every `cli.py`.
 CLI_MODULES = {'spec_decode.main', 'spec_decode.gin_cli', 'spec_decode.demo'}
-# The one library module that reads gin *syntax* (a file format) with gin's
-# parser module; it never touches gin's global configuration.
-GIN_SYNTAX_READERS = {'spec_decode.t5.gin_file'}
+# The library modules that read gin *syntax* (a file format) with gin's
+# parser module; they never touch gin's global configuration.
+GIN_SYNTAX_READERS = {
+  'spec_decode.t5.gin_file',  # T5 model gin files
+  'spec_decode.checkpoints.gin_model',  # T5Gemma model gin files
+}
 
 
 def _modules() -> dict[str, str]:
