@@ -8,6 +8,7 @@ builds its `T5GemmaConfig` through gin, with the published sizes' values
 `tests/test_gin_files.py`'s.)
 """
 
+import dataclasses
 import glob
 import os
 
@@ -130,11 +131,48 @@ PUBLISHED = {
 }
 
 
-def _count(config) -> int:
-  """Parameters from the config's shapes (`jax.eval_shape`: nothing is
+def _shapes_count(config) -> int:
+  """Parameters of the network's own shapes (`jax.eval_shape`: nothing is
   allocated)."""
   shapes = t5gemma_hf.expected_shapes(config)
   return sum(int(np.prod(s)) for s in shapes.values())
+
+
+def _shallow(config, encoder_layers: int, decoder_layers: int):
+  def cut(stack, n):
+    return dataclasses.replace(
+      stack, num_layers=n, layer_types=stack.layer_types[:n]
+    )
+
+  return config.replace(
+    encoder=cut(config.encoder, encoder_layers),
+    decoder=cut(config.decoder, decoder_layers),
+  )
+
+
+def _count(config) -> int:
+  """`_shapes_count`, from networks of one and two layers per stack (a
+  stack's layers have one shape, sliding or global; tracing 84 layers
+  would take minutes): one layer each, plus each stack's further layers
+  times the parameters its second layer adds."""
+  one = _shapes_count(_shallow(config, 1, 1))
+  per_encoder = _shapes_count(_shallow(config, 2, 1)) - one
+  per_decoder = _shapes_count(_shallow(config, 1, 2)) - one
+  return (
+    one
+    + (config.encoder.num_layers - 1) * per_encoder
+    + (config.decoder.num_layers - 1) * per_decoder
+  )
+
+
+def test_count_from_two_layers_is_the_whole_networks():
+  """The shortcut equals counting every layer (S-S, 8 + 8 layers; 9B-2B's
+  unequal stacks at 3 + 2 layers)."""
+  config, _ = gin_model.read('models/t5gemma/s_s.gin')
+  assert _count(config) == _shapes_count(config)
+  config, _ = gin_model.read('models/t5gemma/9b_2b.gin')
+  config = _shallow(config, 3, 2)
+  assert _count(config) == _shapes_count(config)
 
 
 @pytest.mark.parametrize('name', SIZES)
