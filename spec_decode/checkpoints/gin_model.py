@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from gin import config_parser
-
 from spec_decode.t5 import gin_file
 from spec_decode.t5.config import T5Config
 from spec_decode.t5gemma import config as t5gemma_config
@@ -194,4 +193,3 @@ class _Reader:
     if isinstance(value, dict):
       return {k: self.value(v, scope, where, depth) for k, v in value.items()}
     return value
-

@@ -65,7 +65,11 @@ def parse_size(text: str) -> int:
 def _rope(rope: Rope) -> dict[str, Any]:
   if rope.factor == 1.0:
     return {'rope_type': 'default', 'rope_theta': rope.theta}
-  return {'rope_type': 'linear', 'rope_theta': rope.theta, 'factor': rope.factor}
+  return {
+    'rope_type': 'linear',
+    'rope_theta': rope.theta,
+    'factor': rope.factor,
+  }
 
 
 def _int_if_whole(x: float) -> int | float:
@@ -128,7 +132,7 @@ def config_to_hf(
   out = copy.deepcopy(base) if base else {}
   if out.get('model_type', model_type) != model_type:
     raise ValueError(
-      f"the kept {HF_CONFIG_FILE} is model_type {out['model_type']!r}, the "
+      f'the kept {HF_CONFIG_FILE} is model_type {out["model_type"]!r}, the '
       f'checkpoint {model_type!r}'
     )
   out.update(
@@ -141,7 +145,10 @@ def config_to_hf(
     bos_token_id=2,
   )
   out.setdefault('eos_token_id', 1)
-  encoder, decoder = out.setdefault('encoder', {}), out.setdefault('decoder', {})
+  encoder, decoder = (
+    out.setdefault('encoder', {}),
+    out.setdefault('decoder', {}),
+  )
   if config.version == 2:
     encoder = encoder.setdefault('text_config', {})
     image = config.image_token_index
@@ -163,7 +170,10 @@ def tensors(config: T5GemmaConfig, params: Any) -> dict[str, np.ndarray]:
   flat = flax.traverse_util.flatten_dict(params, sep='/')
   want = t5gemma_hf.expected_shapes(config)
   if set(flat) != set(want):
-    missing, extra = sorted(set(want) - set(flat)), sorted(set(flat) - set(want))
+    missing, extra = (
+      sorted(set(want) - set(flat)),
+      sorted(set(flat) - set(want)),
+    )
     raise ValueError(
       f'parameters disagree with the config: missing {missing[:5]}, '
       f'extra {extra[:5]}'

@@ -13,12 +13,12 @@ TARGET_MODEL_GIN, DRAFT_GIN_FILE) build T5Gemma models.
 import json
 import os
 
-import gin
 import numpy as np
 import pytest
 from _t5gemma_util import hf_model
 from _t5gemma_util import save
 
+import gin
 import spec_decode as sd
 from spec_decode import gin_cli
 from spec_decode import paths
