@@ -25,6 +25,7 @@ from spec_decode import paths
 from spec_decode.eval import cli
 from spec_decode.eval import run as run_lib
 from spec_decode.eval import t5x_run_cli
+from spec_decode.eval import verify_cli
 
 CONFIG = os.path.join(paths.REPO_DIR, 'configs', 't5gemma_debian_ende.gin')
 VOCABULARY = os.path.join(
@@ -89,7 +90,8 @@ def test_eval_gin_files_build_t5gemma_models(tmp_path, version):
   """A T5Gemma model gin file as the target's `--gin_file` (TARGET_MODEL_GIN)
   and the draft's DRAFT_GIN_FILE: the eval run's configured `load_model`
   builds `T5GemmaModel`s of those sizes (random weights, the run's
-  vocabulary size), not a T5 (parsing and building only: no eval)."""
+  vocabulary size), not a T5 (parsing and building only: no eval); so does
+  `spec-decode verify`'s `--target_gin_file`."""
   target = _tiny_gin(tmp_path, version, 2)
   draft = _tiny_gin(tmp_path, version, 1)
   args, bindings = cli.parse_args(
@@ -117,6 +119,10 @@ def test_eval_gin_files_build_t5gemma_models(tmp_path, version):
     assert model.config.decoder.emb_dim == 16
   family = 'T5Gemma 2' if version == 2 else 'T5Gemma'
   assert run_lib.loading.describe(models['target']).startswith(family)
+  # `spec-decode verify --target_gin_file` reads them the same way.
+  verified = verify_cli.load_model(None, target, 0, None, ())
+  assert isinstance(verified, sd.T5GemmaModel)
+  assert verified.config.decoder.num_layers == 2
   # The pair decodes: speculative greedy equals plain.
   tokens = np.array([[5, 6, 7, 8, 9, 1], [10, 11, 1, 0, 0, 0]], np.int32)
   plain = sd.generate(models['target'], tokens, max_decode_len=8)
