@@ -6,7 +6,8 @@ spec-decode infer    T5X's infer.py with a draft: speculative predictions
 spec-decode train    gin-configured training (the demo pair)
 spec-decode bench    speed, measured side by side (--quick: < 3 minutes)
 spec-decode theory   the paper's section 3 tables and figures
-spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format
+spec-decode convert  Hugging Face / T5X checkpoint -> our orbax format; a
+                     T5Gemma one back to Hugging Face
 spec-decode data     build the offline Debian data; train the demo vocabulary
 spec-decode verify   is a target/draft pair exact? greedy identity and a
                      whole-sequence distribution test

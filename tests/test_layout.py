@@ -76,9 +76,12 @@ CLI_MODULES = {'spec_decode.main', 'spec_decode.gin_cli', 'spec_decode.demo'}
 # The one command-line module every command line may import (it parses
 # --gin_file and --gin.NAME=VALUE); other command lines are rooms apart.
 SHARED_CLI = 'spec_decode.gin_cli'
-# The one library module that reads gin *syntax* (a file format) with gin's
-# parser module; it never touches gin's global configuration.
-GIN_SYNTAX_READERS = {'spec_decode.t5.gin_file'}
+# The library modules that read gin *syntax* (a file format) with gin's
+# parser module; they never touch gin's global configuration.
+GIN_SYNTAX_READERS = {
+  'spec_decode.t5.gin_file',  # T5 model gin files
+  'spec_decode.checkpoints.gin_model',  # T5Gemma model gin files
+}
 # The engine's one file: the cost cache (measured seconds as JSON).
 ENGINE_FILE_OWNERS = {'spec_decode.policy.cost_cache'}
 # Calls that touch the file system, by the dotted name they resolve to.

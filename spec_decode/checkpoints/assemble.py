@@ -64,10 +64,14 @@ def expected_shapes(config: T5Config) -> dict[str, Shape]:
 
 
 def check_shapes(
-  config: T5Config, found: dict[str, Shape], description: str
+  config: Any,
+  found: dict[str, Shape],
+  description: str,
+  want: dict[str, Shape] | None = None,
 ) -> None:
-  """Raises CheckpointError unless `found` matches `config` exactly."""
-  want = expected_shapes(config)
+  """Raises CheckpointError unless `found` matches `config` exactly (`want`:
+  the expected shapes, when `config` is not a `T5Config`)."""
+  want = expected_shapes(config) if want is None else want
   missing = sorted(set(want) - set(found))
   extra = sorted(set(found) - set(want))
   bad = sorted(k for k in set(want) & set(found) if want[k] != found[k])
@@ -93,7 +97,14 @@ def _short(items: list[str], limit: int = 6) -> str:
   return '[' + ', '.join(items[:limit]) + more + ']'
 
 
-def _config_summary(config: T5Config) -> str:
+def _config_summary(config: Any) -> str:
+  if not isinstance(config, T5Config):  # T5Gemma (version 1 or 2).
+    enc, dec = config.encoder, config.decoder
+    return (
+      f'T5Gemma version {config.version}, vocab {config.vocab_size}, emb '
+      f'{enc.emb_dim}/{dec.emb_dim}, layers {enc.num_layers}+'
+      f'{dec.num_layers}, tied head {config.tie_head}'
+    )
   return (
     f'vocab {config.vocab_size}, emb {config.emb_dim}, heads '
     f'{config.num_heads}x{config.head_dim}, mlp {config.mlp_dim} '

@@ -329,7 +329,6 @@ def save_safetensors(
       size plus a `model.safetensors.index.json`.
   """
   import flax.traverse_util  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   config = model.config
   os.makedirs(path, exist_ok=True)
@@ -356,20 +355,41 @@ def save_safetensors(
   elif model.vocabulary is not None:
     with open(os.path.join(path, SPIECE_FILE), 'wb') as f:
       f.write(model.vocabulary.serialized)
-  if not max_shard_bytes:
-    save_file(tensors, os.path.join(path, SAFETENSORS_FILE))
-    return
+  write_safetensors(path, tensors, max_shard_bytes)
+
+
+def write_safetensors(
+  path: str, tensors: dict[str, np.ndarray], max_shard_bytes: int | None = None
+) -> list[str]:
+  """Writes `tensors` into the existing directory `path` as transformers
+  saves them: one `model.safetensors`, or (`max_shard_bytes` set and
+  exceeded) shards of about that size plus `model.safetensors.index.json`.
+
+  Returns:
+    The files written.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   shards, size = [{}], 0
-  for name, arr in tensors.items():
-    if shards[-1] and size + arr.nbytes > max_shard_bytes:
+  for name in sorted(tensors):
+    arr = tensors[name]
+    if max_shard_bytes and shards[-1] and size + arr.nbytes > max_shard_bytes:
       shards.append({})
       size = 0
     shards[-1][name] = arr
     size += arr.nbytes
+  meta = {'format': 'pt'}
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(path, SAFETENSORS_FILE), metadata=meta)
+    return [SAFETENSORS_FILE]
   weight_map = {}
   for i, shard in enumerate(shards):
     file = f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors'
-    save_file(shard, os.path.join(path, file))
+    save_file(shard, os.path.join(path, file), metadata=meta)
     weight_map.update({n: file for n in shard})
+  total = sum(a.nbytes for a in tensors.values())
   with open(os.path.join(path, SAFETENSORS_INDEX), 'w') as f:
-    json.dump({'metadata': {}, 'weight_map': weight_map}, f, indent=2)
+    json.dump(
+      {'metadata': {'total_size': total}, 'weight_map': weight_map}, f, indent=2
+    )
+  return [*sorted(set(weight_map.values())), SAFETENSORS_INDEX]

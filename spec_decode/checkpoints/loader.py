@@ -3,8 +3,9 @@
 `read` detects the format of a directory and returns config, parameters and
 vocabulary (`Model.load` builds the model from them):
   * ours (written by `write`): `params/` (an orbax checkpoint of the parameter
-    tree), `config.json` (`T5Config.to_json`) and, when the model has one,
-    `spiece.model` plus `vocabulary.json` (`{"extra_ids": 100}`);
+    tree), `config.json` (`T5Config.to_json`, or `T5GemmaConfig.to_json`:
+    `"family": "t5gemma"`) and, when the model has one, `spiece.model` plus
+    `vocabulary.json` (`{"extra_ids": 100}`; Gemma's: `{"family": "gemma"}`);
   * a Hugging Face T5 directory (`config.json` + safetensors or torch
     weights; see `huggingface.py`), or a T5Gemma / T5Gemma 2 one
     (`t5gemma_hf.py`: a `T5GemmaConfig` and its parameter tree);
@@ -37,6 +38,7 @@ from spec_decode.t5 import byte_vocab
 from spec_decode.t5 import vocab as vocab_lib
 from spec_decode.t5.byte_vocab import ByteVocabulary
 from spec_decode.t5.config import T5Config
+from spec_decode.t5gemma.config import T5GemmaConfig
 
 PARAMS_DIR = 'params'
 CONFIG_FILE = 'config.json'
@@ -46,6 +48,7 @@ VOCAB_INFO_FILE = 'vocabulary.json'
 ORBAX = 'orbax'
 HUGGING_FACE = 'huggingface'
 T5X = 't5x'
+GEMMA = 'gemma'  # vocabulary.json's family of a Gemma vocabulary.
 
 
 def detect_format(path: str) -> tuple[str, str]:
@@ -91,7 +94,7 @@ class Checkpoint:
 
   Attributes:
     config: the hyperparameters (stored, or given to `read`): a `T5Config`,
-      or a `T5GemmaConfig` for a Hugging Face T5Gemma directory.
+      or a `T5GemmaConfig` for a T5Gemma checkpoint (Hugging Face or ours).
     params: the parameter tree (T5X names), in the storage dtype.
     vocabulary: the sentencepiece vocabulary, or None (T5X stores none).
     format: `ORBAX`, `HUGGING_FACE` or `T5X`.
@@ -136,6 +139,9 @@ def read(
   """
   fmt, directory = detect_format(path)
   if fmt == HUGGING_FACE and t5gemma_hf.is_t5gemma(directory):
+    hf = huggingface.read_hf_config(directory)
+    _check_family(config, 't5gemma', t5gemma_hf.MODEL_TYPES[hf['model_type']],
+                  directory)  # fmt: skip
     config, params, vocab = t5gemma_hf.read(
       directory, config, dtype, vocabulary or fallback_vocabulary, shardings
     )
@@ -144,11 +150,16 @@ def read(
   placed = lambda cfg: shardings(cfg) if shardings else None
   if fmt == ORBAX:
     stored, vocab = _read_ours(directory)
+    if isinstance(stored, T5GemmaConfig):
+      _check_family(config, 't5gemma', stored.version, directory)
+    else:
+      _check_family(config, 't5', None, directory)
     vocab = vocab if vocab is not None else fallback_vocabulary
     config = _with_dtype(config or stored, dtype)
     _check_vocab_fits(vocabulary or vocab, config, directory)
     params = _restore_orbax(directory, config, wrap, placed(config))
   elif fmt == HUGGING_FACE:
+    _check_family(config, 't5', None, directory)
     stored, scaled = huggingface.load_hf_config(directory)
     config = _with_dtype(config or stored, dtype)
     vocab = huggingface.load_vocabulary(directory)
@@ -162,6 +173,7 @@ def read(
         f'{directory}: a T5X checkpoint stores no hyperparameters; pass '
         'config=T5Config(...) or gin_file=... (e.g. models/t5_1_1/base.gin)'
       )
+    _check_family(config, 't5', None, directory)
     config = _with_dtype(config, dtype)
     vocab = fallback_vocabulary
     _check_vocab_fits(vocabulary or vocab, config, directory)
@@ -171,6 +183,30 @@ def read(
   vocab = vocabulary if vocabulary is not None else vocab
   _check_vocab_fits(vocab, config, directory)
   return Checkpoint(config, params, vocab, fmt)
+
+
+def _check_family(
+  config: Any, family: str, version: int | None, directory: str
+) -> None:
+  """Refuses, before any weight is read, a given config of another family
+  (a T5 gin file for a T5Gemma checkpoint, ...) or T5Gemma version."""
+  if config is None:
+    return
+  given = 't5gemma' if isinstance(config, T5GemmaConfig) else 't5'
+  name = {'t5': 'T5', 't5gemma': 'T5Gemma'}
+  stored = name[family] + (f' (version {version})' if version else '')
+  if given != family:
+    raise CheckpointError(
+      f'{directory} holds a {stored} checkpoint, but the config given for '
+      f'it is a {name[given]} one (a {name[given]} gin file or config)'
+    )
+  if version is not None and config.version != version:
+    raise CheckpointError(
+      f'{directory} holds a T5Gemma version {version} checkpoint, but the '
+      f'config given for it is version {config.version} (T5Gemma '
+      f'{"2 " if config.version == 2 else ""}gin files are '
+      f'gin/models/t5gemma{"2" if config.version == 2 else ""}/)'
+    )
 
 
 def _with_dtype(config: T5Config, dtype: Any) -> T5Config:
@@ -186,6 +222,9 @@ def _check_vocab_fits(vocab, config: T5Config, directory: str) -> None:
   embedding, or smaller than it by more than T5X's padding (a 32k T5 file on
   mT5's 250k rows decodes to unknown pieces)."""
   if vocab is None:
+    return
+  if isinstance(config, T5GemmaConfig):
+    t5gemma_hf.check_vocabulary(vocab, config, directory)
     return
   ids, rows = vocab.vocab_size, config.vocab_size
   what = f'the vocabulary {vocab!r}'
@@ -227,6 +266,8 @@ def read_vocabulary(directory: str) -> vocab_lib.Vocabulary | None:
     )
   if not os.path.isfile(vocab_file):
     return None
+  if info.get('family') == GEMMA:
+    return t5gemma_hf.GemmaVocabulary.from_file(vocab_file, extra_ids=0)
   extra = int(info.get('extra_ids', vocab_lib.DEFAULT_EXTRA_IDS))
   return vocab_lib.Vocabulary.from_file(vocab_file, extra_ids=extra)
 
@@ -242,8 +283,11 @@ def write_vocabulary(directory: str, vocab: vocab_lib.Vocabulary) -> None:
     return
   with open(os.path.join(directory, VOCAB_FILE), 'wb') as f:
     f.write(vocab.serialized)
+  info = {'extra_ids': vocab.extra_ids}
+  if isinstance(vocab, t5gemma_hf.GemmaVocabulary):
+    info = {'family': GEMMA}  # Gemma's special ids, no extra ids.
   with open(os.path.join(directory, VOCAB_INFO_FILE), 'w') as f:
-    json.dump({'extra_ids': vocab.extra_ids}, f)
+    json.dump(info, f)
 
 
 def save_arrays(path: str, tree: Any) -> str:
@@ -272,10 +316,28 @@ def _read_ours(directory: str):
   file = os.path.join(directory, CONFIG_FILE)
   try:
     with open(file) as f:
-      config = T5Config.from_json(f.read())
-  except (ValueError, TypeError) as e:
-    raise CheckpointError(f'{file}: not a T5Config ({e})') from e
+      text = f.read()
+    if json.loads(text).get('family') == 't5gemma':
+      config = T5GemmaConfig.from_json(text)
+    else:
+      config = T5Config.from_json(text)
+  except (ValueError, TypeError, KeyError, AttributeError) as e:
+    raise CheckpointError(
+      f'{file}: not a T5Config or T5GemmaConfig ({e})'
+    ) from e
   return config, read_vocabulary(directory)
+
+
+def stored_config(directory: str) -> Any:
+  """The config of one of our directories (`T5Config` or `T5GemmaConfig`),
+  without reading its weights."""
+  return _read_ours(directory)[0]
+
+
+def _expected_shapes(config) -> dict[str, tuple[int, ...]]:
+  if isinstance(config, T5GemmaConfig):
+    return t5gemma_hf.expected_shapes(config)
+  return assemble.expected_shapes(config)
 
 
 def _restore_orbax(
@@ -301,12 +363,13 @@ def _restore_orbax(
     '/'.join(str(getattr(k, 'key', k)) for k in path): tuple(leaf.shape)
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
   }
-  assemble.check_shapes(config, found, params_dir)
+  want = _expected_shapes(config)
+  assemble.check_shapes(config, found, params_dir, want)
   dtype = np.dtype(config.param_dtype)
   single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   sharding_of = lambda name: shardings[name] if shardings else single
   groups = {}
-  for name, shape in assemble.expected_shapes(config).items():
+  for name, shape in want.items():
     group = '/'.join(name.split('/')[:2])  # e.g. encoder/layers_3
     groups.setdefault(group, {})[name] = shape
   ckptr = ocp.PyTreeCheckpointer()

@@ -5,8 +5,9 @@ A T5X user's eval or infer command line runs here with the draft added:
 * `--gin_file=t5x/configs/runs/eval.gin` (or `infer.gin`) means our
   `runs/eval.gin`, which binds the same macros (T5X's file imports t5x).
 * A `--gin_file` that is a model gin file (it binds `T5Config`, like T5X's
-  `t5x/examples/t5/t5_1_1/xxl.gin` or our `models/t5_1_1/xxl.gin`) is the
-  target's model: `TARGET_MODEL_GIN`, read by `t5/gin_file.py`, not by gin.
+  `t5x/examples/t5/t5_1_1/xxl.gin` or our `models/t5_1_1/xxl.gin`, or
+  `T5GemmaConfig`, like `models/t5gemma/2b_2b.gin`) is the target's model:
+  `TARGET_MODEL_GIN`, read by `checkpoints/gin_model.py`, not by gin.
 * Command-line bindings of T5X's `utils.DatasetConfig` and
   `utils.RestoreCheckpointConfig` fields become the macros they set
   (`DatasetConfig.split` -> `SPLIT`, ...; `partitioning.PjitPartitioner.
@@ -36,6 +37,7 @@ from typing import Any
 
 from spec_decode import gin_cli
 from spec_decode import paths
+from spec_decode.checkpoints import gin_model
 from spec_decode.t5 import gin_file
 
 # (T5X's name, our alias).
@@ -242,7 +244,7 @@ def split_gin_files(
       model = gin_file.read(path, search_paths=roots)
     except (OSError, ValueError):
       model = None  # Not a model file (gin parses it and reports errors).
-    if model is None or not model.config:
+    if model is None or not (model.config or gin_model.is_t5gemma(model)):
       run_files.append(name)
       continue
     run_bindings = [b for b in model.skipped if _t5x_key(b)]
@@ -256,7 +258,8 @@ def split_gin_files(
     ours = [b for b in model.skipped if _is_ours(b)]
     if ours:
       raise gin_cli.GinFlagError(
-        f'{name} binds a model ({", ".join(sorted(model.config))}) and run '
+        f'{name} binds a model '
+        f'({", ".join(sorted(model.config) or ["T5GemmaConfig"])}) and run '
         f'settings ({", ".join(ours)}); name the model with '
         'TARGET_MODEL_GIN / DRAFT_GIN_FILE (or its own --gin_file) instead '
         'of including it'

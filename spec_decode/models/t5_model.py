@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import checkpoints
+from spec_decode.checkpoints import gin_model
 from spec_decode.models.packing import pack_decoder
 from spec_decode.models.packing import rounded_for_drafting
 from spec_decode.models.t5gemma_model import T5GemmaModel
@@ -175,7 +176,8 @@ class Model:
         For our and Hugging Face directories it replaces the stored config
         (the shapes must still agree).
       gin_file: a model gin file giving the hyperparameters, instead of
-        `config`: ours (`models/t5_1_1/xxl.gin`) or T5X's own, unchanged.
+        `config`: ours (`models/t5_1_1/xxl.gin`, `models/t5gemma/2b_2b.gin`)
+        or T5X's own, unchanged.
         When the checkpoint stores no vocabulary (T5X), the vocabulary the
         gin file names (a local sentencepiece file, or seqio's
         ByteVocabulary) is used, size-checked before any weight is read.
@@ -195,9 +197,8 @@ class Model:
       raise ValueError('pass config or gin_file, not both')
     gin_vocab = None
     if gin_file is not None:
-      model_file = T5Config.read_gin(gin_file, search_paths=search_paths)
-      config = T5Config.from_model_file(model_file)
-      gin_vocab = model_file.local_vocabulary()
+      # A T5 or a T5Gemma model gin file (`checkpoints/gin_model.py`).
+      config, gin_vocab = gin_model.read(gin_file, search_paths=search_paths)
     ckpt = checkpoints.read(
       path,
       config=config,
@@ -231,18 +232,22 @@ class Model:
     """Random weights for the network a model gin file describes.
 
     Args:
-      gin_file: ours (`models/t5_1_1/small.gin`, `t5_1_1_small`) or T5X's
-        own model file, unchanged (`T5Config.from_gin`).
+      gin_file: ours (`models/t5_1_1/small.gin`, `t5_1_1_small`; a
+        T5Gemma one, `models/t5gemma/s_s.gin`, gives a `T5GemmaModel`) or
+        T5X's own model file, unchanged (`checkpoints/gin_model.py`).
       seed: seed of the initialization.
       vocabulary: the vocabulary; default the sentencepiece file the gin file
         names, when it is a local file.
       search_paths: directories includes are looked up in first.
-      **overrides: `T5Config` fields replaced (e.g. `vocab_size=64`).
+      **overrides: config fields replaced (e.g. `vocab_size=64`).
     """
-    model_file = T5Config.read_gin(gin_file, search_paths=search_paths)
-    config = T5Config.from_model_file(model_file, **overrides)
+    config, gin_vocab = gin_model.read(
+      gin_file, search_paths=search_paths, **overrides
+    )
     if vocabulary is None:
-      vocabulary = model_file.local_vocabulary()
+      vocabulary = gin_vocab
+    if isinstance(config, T5GemmaConfig):
+      return T5GemmaModel.init(config, seed=seed, vocabulary=vocabulary)
     return cls.init(config, seed=seed, vocabulary=vocabulary)
 
   def param_axes(self) -> Any:

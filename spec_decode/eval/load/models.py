@@ -21,6 +21,7 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode import paths
+from spec_decode.checkpoints import gin_model
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.parallel import partitioning
 from spec_decode.t5 import vocab as vocab_lib
@@ -104,9 +105,10 @@ def load_model(
   Args:
     checkpoint: our orbax directory, a Hugging Face T5 directory or a T5X
       checkpoint; a relative path is also looked up in the repository.
-    model_gin: a gin model file, ours (`models/t5_1_1/xxl.gin`) or T5X's
-      own: the hyperparameters of a T5X checkpoint, or, without a
-      checkpoint, the network to initialize randomly (smoke tests).
+    model_gin: a gin model file, ours (`models/t5_1_1/xxl.gin`,
+      `models/t5gemma/2b_2b.gin`) or T5X's own: the hyperparameters of a
+      T5X checkpoint, or, without a checkpoint, the network to initialize
+      randomly (smoke tests; a T5Gemma file gives a `T5GemmaModel`).
     seed: seed of the random initialization.
     vocabulary: a `Vocabulary` or a sentencepiece `.model` path; overrides
       the checkpoint's (T5X checkpoints store none).
@@ -155,12 +157,16 @@ def load_model(
         f'{model_gin}: a random model needs a vocabulary or a vocab_size'
       )
     vocab_size = vocab.vocab_size
-  config = sd.T5Config.from_gin(
-    model_gin, vocab_size=int(vocab_size), search_paths=tuple(search_paths)
+  config, _ = gin_model.read(
+    model_gin, search_paths=tuple(search_paths), vocab_size=int(vocab_size)
   )
-  return sd.Model.init(
-    config, seed=seed, vocabulary=vocab, partitioner=partitioner
-  )
+  if isinstance(config, sd.T5Config):
+    return sd.Model.init(
+      config, seed=seed, vocabulary=vocab, partitioner=partitioner
+    )
+  # A T5Gemma model gin file (gin/models/t5gemma*/).
+  model = sd.T5GemmaModel.init(config, seed=seed, vocabulary=vocab)
+  return partitioner.shard_params(model) if partitioner else model
 
 
 def as_vocabulary(vocabulary: Any) -> vocab_lib.Vocabulary | None:
@@ -222,6 +228,12 @@ def describe(model: Any, name: str | None = None) -> str:
   import jax  # pylint: disable=g-import-not-at-top
 
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  if isinstance(model, sd.T5GemmaModel):
+    family = 'T5Gemma 2' if cfg.version == 2 else 'T5Gemma'
+    return (
+      f'{family} {n / 1e6:.1f}M (d{cfg.encoder.emb_dim}, '
+      f'{cfg.encoder.num_layers}+{cfg.decoder.num_layers}L)'
+    )
   return (
     f'T5 {n / 1e6:.1f}M (d{cfg.emb_dim}, '
     f'{cfg.num_encoder_layers}+{cfg.num_decoder_layers}L)'
