@@ -26,6 +26,7 @@ from spec_decode.eval import cli
 from spec_decode.eval import run as run_lib
 from spec_decode.eval import t5x_run_cli
 from spec_decode.eval import verify_cli
+from spec_decode.eval.load import models as models_lib
 
 CONFIG = os.path.join(paths.REPO_DIR, 'configs', 't5gemma_debian_ende.gin')
 VOCABULARY = os.path.join(
@@ -118,7 +119,7 @@ def test_eval_gin_files_build_t5gemma_models(tmp_path, version):
     assert model.config.encoder.num_layers == layers
     assert model.config.decoder.emb_dim == 16
   family = 'T5Gemma 2' if version == 2 else 'T5Gemma'
-  assert run_lib.loading.describe(models['target']).startswith(family)
+  assert models_lib.describe(models['target']).startswith(family)
   # `spec-decode verify --target_gin_file` reads them the same way.
   verified = verify_cli.load_model(None, target, 0, None, ())
   assert isinstance(verified, sd.T5GemmaModel)
