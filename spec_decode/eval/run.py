@@ -342,7 +342,7 @@ def _run_batches(
           )
         for g, out in specs.items():
           st = out.tokens[r, : out.lengths[r]].tolist()
-          row = decoding.row_spec_record(out.stats, r, st, decode.width(g))
+          row = decoding.row_spec_record(out.stats, r)
           rec['speculative'][str(g)] = dict(
             text=to_text(st),
             tokens=st,

@@ -268,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   target, draft = load_pair(args, checked)
   try:
-    report = sd.verify(target, draft, checked['inputs'], **checked['settings'])
+    report = sd.verify(
+      target, draft, encoder_tokens=checked['inputs'], **checked['settings']
+    )
   except ValueError as e:  # E.g. vocabularies that differ.
     print(f'spec-decode verify: {e}', file=sys.stderr)
     return 2
