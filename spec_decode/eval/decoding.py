@@ -26,6 +26,7 @@ import spec_decode as sd
 from spec_decode.beam import scores as beam_scores
 from spec_decode.chain import generation
 from spec_decode.core import drafter as drafter_lib
+from spec_decode.core import inputs
 from spec_decode.core import rejection
 from spec_decode.eval import rounds as rounds_lib
 from spec_decode.eval import settings as settings_lib
@@ -34,7 +35,7 @@ from spec_decode.policy import timing as costs_lib
 _MIN_BUCKET = 8
 # The speculative "γ" of an auto-γ run: `sd.generate(gamma='auto')`, the
 # in-loop policy. Records and results are keyed by it as by an int γ.
-AUTO = 'auto'
+AUTO = inputs.AUTO
 
 
 def tokenize(

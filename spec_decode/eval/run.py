@@ -173,7 +173,7 @@ def evaluate(
     records = [None] * opened['done']
   decode = decoding.Decoder(target, draft, s)
   auto = s.gamma == 'auto'
-  gammas = [decoding.AUTO] if auto else list(s.gamma)
+  gammas = list(s.gammas)
 
   def batch_done(done: int) -> None:
     if auto and hosts.writer and _merge_cost_models(state, decode):

@@ -10,7 +10,11 @@ It is a frozen dataclass whose `__post_init__` checks and normalizes every
 field, so a bad value is a `ValueError` naming the field
 (`EvalSettings.batch_size must be an int >= 1, got 0`) raised when the
 settings are built: before a model loads, a task is read or a decode loop
-compiles. `gin/runs/eval.gin` builds it from the run's macros
+compiles. What the decode itself takes (γ, sampling, lengths, lenience,
+dynamic γ) goes through `sd.generate`'s own checks
+(`chain.generation.decode_settings`, at every γ of a sweep), so its error
+is generate's text after `EvalSettings.`. `gin/runs/eval.gin` builds it
+from the run's macros
 (`spec_eval.evaluate.settings = @spec_eval.EvalSettings()`), and
 `compare.compare` derives one per combination with `dataclasses.replace`
 (which checks again).
@@ -429,6 +433,11 @@ class EvalSettings:
     return _decode_method(
       self.decode_method, self.temperature, self.top_k, self.top_p
     )
+
+  @property
+  def gammas(self) -> tuple[int | str, ...]:
+    """The γs the run decodes at: the sweep, or `('auto',)`."""
+    return (inputs.AUTO,) if self.gamma == inputs.AUTO else self.gamma
 
   @property
   def beam(self) -> bool:

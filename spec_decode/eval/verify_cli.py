@@ -168,11 +168,7 @@ def _checked(args) -> dict:
   if args.ngram_order < 1:
     raise _BadArguments(f'--ngram_order must be >= 1, got {args.ngram_order}')
   try:
-    gammas = tuple(
-      inputs.parse_gamma(g, '--gammas')
-      for g in args.gammas.split(',')
-      if g.strip()
-    )
+    gammas = inputs.parse_gammas(args.gammas, '--gammas')
   except ValueError as e:
     raise _BadArguments(f"{e} (comma-separated ints or 'auto')") from e
   tree = parse_tree(args.tree) if args.tree else None
