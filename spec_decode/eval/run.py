@@ -398,8 +398,10 @@ def _decode_batch(
     return out
 
   runs = {'plain': plain}
-  for g in gammas:
-    runs[f'speculative {g}'] = lambda g=g: decode(enc, seeds, g)
+  for gamma in gammas:
+    runs[f'speculative {gamma}'] = lambda gamma=gamma: decode(
+      enc, seeds, gamma=gamma
+    )
   if decode.decodes_draft_alone:
     runs['draft alone'] = lambda: decode.draft_alone(enc, seeds)
   probes = decode.probes(enc, gammas)
