@@ -139,7 +139,7 @@ def generate(
     dynamic_gamma=dynamic_gamma,
     max_auto_gamma=max_auto_gamma,
   )
-  auto = inputs.is_auto(gamma)
+  auto = settings.gamma_policy
   tree_shape = None
   if tree is not None:
     if auto:
@@ -237,17 +237,14 @@ def decode_settings(
   if verifier is not None and lenience != 1.0:
     raise ValueError('pass lenience to your verifier, not to generate')
   inputs.check_int('max_decode_len', max_decode_len, 1)
+  if not speculative:
+    gamma = 1  # Plain decoding ignores gamma.
+  elif auto:
+    gamma = max_auto_gamma  # 'auto' picks up to max_auto_gamma.
   return DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
-    # Plain decoding ignores gamma; 'auto' picks up to max_auto_gamma.
-    gamma=(
-      int(max_auto_gamma)
-      if auto and speculative
-      else int(gamma)
-      if speculative
-      else 1
-    ),
+    gamma=int(gamma),
     verifier=verifier or rejection.ExactVerifier(float(lenience)),
     eos_id=eos_id,
     dynamic_gamma=tau if speculative else 0.0,

@@ -188,6 +188,13 @@ def test_generate_and_beam_search_read_every_spelling(model):
     sd.beam_search(model, enc, gamma=value, num_beams=2, max_decode_len=2)
 
 
+def test_a_tree_refuses_auto_gamma_in_any_spelling(model):
+  enc = np.full((1, 4), 3, np.int32)
+  for value in ('auto', ' Auto '):
+    with pytest.raises(ValueError, match='tree= replaces gamma'):
+      sd.generate(model, enc, draft=model, gamma=value, tree=(2, 1))
+
+
 def test_public_decodes_take_their_settings_by_keyword(model):
   """`generate(target, inputs, *, ...)`, `beam_search(model, inputs, *,
   ...)`, `verify(target, draft, *, ...)`: a third positional argument is
