@@ -36,22 +36,18 @@ def _perturbed(model: sd.Model, scale: float, seed: int) -> sd.Model:
   )
 
 
-def _gamma(text: str) -> int | str:
-  """`--gamma` as every entry point reads a γ (`core.inputs.parse_gamma`)."""
-  try:
-    return inputs.parse_gamma(text)
-  except ValueError as e:
-    raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog='spec-decode demo', description=__doc__)
   parser.add_argument('--batch', type=int, default=4)
   parser.add_argument(
-    '--gamma', type=_gamma, default=4, help="an int >= 1 or 'auto'"
+    '--gamma', type=inputs.gamma_flag(), default=4, help="an int >= 1 or 'auto'"
   )
   parser.add_argument('--max_decode_len', type=int, default=32)
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
 
   cfg = sd.T5Config(
     vocab_size=256,
@@ -67,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
   target = _sharpen(sd.Model.init(cfg, seed=0), 4.0)
   draft = _perturbed(target, 0.05, seed=1)
   rng = np.random.default_rng(0)
-  inputs = rng.integers(3, cfg.vocab_size, (args.batch, 12)).astype(np.int32)
+  enc = rng.integers(3, cfg.vocab_size, (args.batch, 12)).astype(np.int32)
   print(
     f'target: {target}\ndraft:  target + 5% weight noise (random '
     f'weights: this demo shows exactness and statistics, not speed)'
@@ -79,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
       seed=np.arange(args.batch),
     )
     t0 = time.perf_counter()
-    plain = sd.generate(target, inputs, **kw)
+    plain = sd.generate(target, enc, **kw)
     t1 = time.perf_counter()
-    spec = sd.generate(target, inputs, draft=draft, gamma=args.gamma, **kw)
+    spec = sd.generate(target, enc, draft=draft, gamma=args.gamma, **kw)
     t2 = time.perf_counter()
     s = spec.stats
     print(f'\n== temperature {temperature} (gamma {args.gamma}) ==')

@@ -166,6 +166,7 @@ beam_decode_jit = jax.jit(beam_decode, static_argnames=('settings',))
 def beam_search(
   model: LanguageModel,
   encoder_tokens: Any,
+  *,
   num_beams: int = 4,
   alpha: float = 0.6,
   max_decode_len: int = 64,

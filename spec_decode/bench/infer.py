@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from spec_decode import paths
+from spec_decode.core import inputs
 from spec_decode.eval.infer import run as infer_lib
 
 TASK = 'debian_ende'
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
   p.add_argument('--data_dir', default='data/demo')
   p.add_argument('--num_examples', type=int, default=50)
   p.add_argument('--rounds', type=int, default=3)
-  p.add_argument('--gamma', type=int, default=4)
+  p.add_argument('--gamma', type=inputs.gamma_flag(), default=4)
   p.add_argument('--max_decode_len', type=int, default=128)
   p.add_argument('--out', default='bench_infer.json')
   args = p.parse_args(argv)

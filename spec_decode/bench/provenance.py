@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 import spec_decode as sd
+from spec_decode.chain import generation
 from spec_decode.chain import loops
 from spec_decode.core import inputs
 from spec_decode.data import tasks
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
   p.add_argument('--data_dir', default='data/demo')
   p.add_argument('--num_examples', type=int, default=20)
   p.add_argument('--rounds', type=int, default=5)
-  p.add_argument('--gamma', type=int, default=4)
+  p.add_argument('--gamma', type=inputs.gamma_flag(auto=False), default=4)
   p.add_argument('--max_decode_len', type=int, default=128)
   p.add_argument('--out', default='bench_provenance.json')
   args = p.parse_args(argv)
@@ -126,8 +127,8 @@ def main(argv=None) -> int:
   target = sd.Model.load(paths.resolve(args.target))
   draft = sd.Model.load(paths.resolve(args.draft))
   encs = _encoder_rows(target.vocabulary, args.data_dir, args.num_examples)
-  settings = sd.DecodeSettings(
-    max_decode_len=args.max_decode_len, gamma=args.gamma
+  settings = generation.decode_settings(
+    speculative=True, gamma=args.gamma, max_decode_len=args.max_decode_len
   )
   out = measure(target, draft, encs, settings, args.rounds)
   out.update(

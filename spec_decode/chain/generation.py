@@ -63,8 +63,9 @@ DEFAULT_CONFIDENCE = 0.5
 def generate(
   model: LanguageModel,
   encoder_tokens: Any,
+  *,
   draft: LanguageModel | None = None,
-  gamma: int = 4,
+  gamma: int | str = 4,
   temperature: float = 0.0,
   top_k: int = 0,
   top_p: float = 1.0,
@@ -124,13 +125,33 @@ def generate(
   Returns:
     `GenerateOutput` with tokens `[B, max_decode_len]`, lengths `[B]`, stats.
   """
-  gamma = inputs.parse_gamma(gamma)
-  auto = gamma == inputs.AUTO
   # Every argument is checked before anything compiles.
-  settings, tree_shape = _settings(
-    model, draft, gamma, auto, temperature, top_k, top_p, max_decode_len,
-    eos_id, verifier, lenience, dynamic_gamma, tree, max_auto_gamma,
-  )  # fmt: skip
+  settings = decode_settings(
+    speculative=draft is not None,
+    gamma=gamma,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    max_decode_len=max_decode_len,
+    eos_id=eos_id,
+    verifier=verifier,
+    lenience=lenience,
+    dynamic_gamma=dynamic_gamma,
+    max_auto_gamma=max_auto_gamma,
+  )
+  auto = settings.gamma_policy
+  tree_shape = None
+  if tree is not None:
+    if auto:
+      raise ValueError("tree= replaces gamma; leave gamma='auto' out")
+    tree_shape = tree_generation.check(
+      model,
+      draft,
+      tree,
+      verifier,
+      lenience,
+      _confidence_threshold(dynamic_gamma),
+    )
   spans_hosts = placement.is_global(encoder_tokens)
   tokens = inputs.check_model_tokens(
     model, placement.local_data(encoder_tokens)
@@ -180,45 +201,55 @@ def generate(
   )
 
 
-def _settings(
-  model, draft, gamma, auto, temperature, top_k, top_p, max_decode_len,
-  eos_id, verifier, lenience, dynamic_gamma, tree, max_auto_gamma,
-) -> tuple[DecodeSettings, Any]:  # fmt: skip
-  """`generate`'s static settings and tree shape (None: 'auto' or no tree),
-  or ValueError naming the bad argument."""
-  sampler = sampling.Sampler(
-    float(temperature)
-    if isinstance(temperature, (int, float))
-    else temperature,
-    top_k,
-    top_p,
-  )
+def decode_settings(
+  *,
+  speculative: bool,
+  gamma: int | str = 4,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  max_decode_len: int = 64,
+  eos_id: int = EOS_ID,
+  verifier: rejection.Verifier | None = None,
+  lenience: float = 1.0,
+  dynamic_gamma: bool | float = False,
+  max_auto_gamma: int = finish_time.MAX_GAMMA,
+) -> DecodeSettings:
+  """`generate`'s checks of its settings and the static `DecodeSettings`
+  they make, for every caller that decodes or times a decode as
+  `generate` would (`generate`, the eval run's settings and cost probes):
+  a bad value is the same ValueError, naming the argument, wherever it
+  came from. The arguments are `generate`'s; `speculative` is whether a
+  draft is given (plain decoding reads and checks `gamma`, then ignores
+  it). `tree=` is checked by `generate` (it needs the models)."""
+  gamma = inputs.parse_gamma(gamma)
+  auto = gamma == inputs.AUTO
+  sampler = sampling.Sampler(temperature, top_k, top_p)
   if auto:
     inputs.check_int('max_auto_gamma', max_auto_gamma, 1)
   tau = _confidence_threshold(dynamic_gamma)
-  tree_shape = None
-  if tree is not None:
-    if auto:
-      raise ValueError("tree= replaces gamma; leave gamma='auto' out")
-    tree_shape = tree_generation.check(
-      model, draft, tree, verifier, lenience, tau
-    )
-  if not isinstance(lenience, (int, float)) or not 0.0 < lenience <= 1.0:
+  if (
+    isinstance(lenience, bool)
+    or not isinstance(lenience, (int, float, np.integer, np.floating))
+    or not 0.0 < lenience <= 1.0
+  ):
     raise ValueError(f'lenience must be in (0, 1], got {lenience!r}')
   if verifier is not None and lenience != 1.0:
     raise ValueError('pass lenience to your verifier, not to generate')
   inputs.check_int('max_decode_len', max_decode_len, 1)
-  settings = DecodeSettings(
+  if not speculative:
+    gamma = 1  # Plain decoding ignores gamma.
+  elif auto:
+    gamma = max_auto_gamma  # 'auto' picks up to max_auto_gamma.
+  return DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
-    # Plain decoding ignores gamma; 'auto' picks up to max_auto_gamma.
-    gamma=(1 if draft is None else int(max_auto_gamma) if auto else int(gamma)),
+    gamma=int(gamma),
     verifier=verifier or rejection.ExactVerifier(float(lenience)),
     eos_id=eos_id,
-    dynamic_gamma=tau if draft is not None else 0.0,
-    gamma_policy=auto and draft is not None,
+    dynamic_gamma=tau if speculative else 0.0,
+    gamma_policy=auto and speculative,
   )
-  return settings, tree_shape
 
 
 def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:

@@ -109,8 +109,8 @@ def validate(
 def verify(
   target: Any,
   draft: Any,
-  encoder_tokens: Any = None,
   *,
+  encoder_tokens: Any = None,
   gammas: tuple[int, ...] = (1, 3, 5),
   num_inputs: int = 16,
   max_decode_len: int = 16,

@@ -3,10 +3,13 @@
 `generate` (chains and trees) and `beam_search` share these, so a bad
 input gets the same error whichever decode it reaches: encoder tokens, a
 draft's vocabulary against the target's, integer settings, and the
-per-row keys made from a seed.
+per-row keys made from a seed. `parse_gamma` is the one reading of a γ,
+`gamma_flag` the same for the command lines' flags.
 """
 
+import argparse
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,13 +34,18 @@ def is_auto(value: Any) -> bool:
   return isinstance(value, str) and value.strip().lower() == AUTO
 
 
-def parse_gamma(value: Any, name: str = 'gamma') -> int | str:
+def parse_gamma(
+  value: Any, name: str = 'gamma', auto: bool = True
+) -> int | str:
   """The one reading of a γ for every entry point (`generate`,
   `beam_search`, `verify`, the eval settings and the command lines):
   `'auto'` in any case with surrounding whitespace, or an int >= 1, given
-  as an int or as its decimal text. Anything else is a ValueError with one
-  text: `{name} must be an int >= 1 or 'auto', got {value!r}`."""
-  if is_auto(value):
+  as an int (numpy's too) or as its decimal text. Anything else is a
+  ValueError with one text: `{name} must be an int >= 1 or 'auto', got
+  {value!r}`. With `auto=False` (a command that times fixed γs) 'auto' is
+  refused too, and the text is `{name} must be an int >= 1, got
+  {value!r}`."""
+  if auto and is_auto(value):
     return AUTO
   number = value
   if isinstance(value, str):
@@ -46,8 +54,36 @@ def parse_gamma(value: Any, name: str = 'gamma') -> int | str:
     except ValueError:
       number = None
   if isinstance(number, bool) or not isinstance(number, INTS) or number < 1:
-    raise ValueError(f"{name} must be an int >= 1 or 'auto', got {value!r}")
+    what = "an int >= 1 or 'auto'" if auto else 'an int >= 1'
+    raise ValueError(f'{name} must be {what}, got {value!r}')
   return int(number)
+
+
+def parse_gammas(
+  text: str, name: str = 'gammas', auto: bool = True
+) -> tuple[int | str, ...]:
+  """A command line's list of γs: `parse_gamma` of each comma-separated
+  item of `text` (an empty item is refused like any bad γ)."""
+  return tuple(parse_gamma(g, name, auto) for g in text.split(','))
+
+
+def gamma_flag(
+  name: str = 'gamma', auto: bool = True, many: bool = False
+) -> Callable[[str], Any]:
+  """`parse_gamma` as an argparse `type=`: the flag's text read as one γ
+  (`many`: a tuple of its comma-separated γs), its ValueError text the
+  usage error (`argument --gamma: gamma must be an int >= 1 or 'auto',
+  got 'fast'`)."""
+
+  def read(text: str) -> Any:
+    try:
+      if many:
+        return parse_gammas(text, name, auto)
+      return parse_gamma(text, name, auto)
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(str(e)) from None
+
+  return read
 
 
 def check_tokens(encoder_tokens: Any, vocab_size: int) -> np.ndarray:

@@ -8,9 +8,12 @@ truncation rules (ties at a top-k or top-p cut are all kept) are T5X's.
 """
 
 import dataclasses
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -53,6 +56,7 @@ class Sampler:
   def __post_init__(self):
     validate(self.temperature, self.top_k, self.top_p)
     object.__setattr__(self, 'temperature', float(self.temperature))
+    object.__setattr__(self, 'top_k', int(self.top_k))
     object.__setattr__(self, 'top_p', float(self.top_p))
 
   @property
@@ -191,13 +195,27 @@ def invert_cdf(
   return jnp.where(best < vocab, best, fallback)
 
 
+def _real(value) -> bool:
+  """Whether `value` is a finite real number (a Python or numpy int or
+  float; not a bool)."""
+  return (
+    isinstance(value, numbers.Real)
+    and not isinstance(value, (bool, np.bool_))
+    and math.isfinite(value)
+  )
+
+
 def validate(temperature, top_k, top_p) -> None:
   """Raises ValueError naming the bad argument."""
-  if not isinstance(temperature, (int, float)) or temperature < 0:
+  if not _real(temperature) or temperature < 0:
     raise ValueError(f'temperature must be a number >= 0, got {temperature!r}')
-  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+  if (
+    isinstance(top_k, bool)
+    or not isinstance(top_k, (int, np.integer))
+    or top_k < 0
+  ):
     raise ValueError(f'top_k must be an int >= 0, got {top_k!r}')
-  if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+  if not _real(top_p) or not 0.0 < top_p <= 1.0:
     raise ValueError(f'top_p must be in (0, 1], got {top_p!r}')
 
 

@@ -24,7 +24,9 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode.beam import scores as beam_scores
+from spec_decode.chain import generation
 from spec_decode.core import drafter as drafter_lib
+from spec_decode.core import inputs
 from spec_decode.core import rejection
 from spec_decode.eval import rounds as rounds_lib
 from spec_decode.eval import settings as settings_lib
@@ -33,7 +35,7 @@ from spec_decode.policy import timing as costs_lib
 _MIN_BUCKET = 8
 # The speculative "γ" of an auto-γ run: `sd.generate(gamma='auto')`, the
 # in-loop policy. Records and results are keyed by it as by an int γ.
-AUTO = 'auto'
+AUTO = inputs.AUTO
 
 
 def tokenize(
@@ -99,8 +101,8 @@ def measure_costs(
     `{'c', 'v_of_k': {k: v(k)}, 'target_step_seconds',
     'draft_step_seconds'}`, v(1) = 1.
   """
-  settings = sd.DecodeSettings(
-    max_decode_len=1, sampler=sd.Sampler(**(sampling or {})), gamma=gamma
+  settings = generation.decode_settings(
+    speculative=True, gamma=gamma, max_decode_len=1, **(sampling or {})
   )
   return costs_lib.measure(target, draft, ks, batch, repeats, settings)
 
@@ -359,8 +361,8 @@ class Decoder:
       return None
     width = max(self.width(g) for g in gammas)
     ks = range(1, width + 2) if AUTO in gammas else [int(g) + 1 for g in gammas]
-    settings = sd.DecodeSettings(
-      max_decode_len=1, sampler=sd.Sampler(**s.sampling()), gamma=width
+    settings = generation.decode_settings(
+      speculative=True, gamma=width, max_decode_len=1, **s.sampling()
     )
     return rounds_lib.Probes(
       self.target,
@@ -400,41 +402,19 @@ def add_cost_model(models: list[dict[str, Any]], model: dict[str, Any]) -> None:
   models.append(dict(model))
 
 
-def row_spec_record(
-  stats: sd.SpecStats, r: int, tokens: list[int], gamma: int
-) -> dict[str, Any]:
-  """Per-example acceptance counts of row `r` of a speculative batch.
+def row_spec_record(stats: Any, r: int) -> dict[str, Any]:
+  """Per-example acceptance counts of row `r` of a speculative batch
+  (`sd.SpecStats` or `BeamSpecStats`: both carry per-row counts).
 
   `position_tries[i]` / `position_accepts[i]`: iterations that tested /
-  accepted draft token i. `SpecStats` exposes per-row histograms and alpha
-  but not per-row position counts; until it does (`row_position_tries`,
-  `row_position_accepts`, `row_beta_sum`, used when present) they are
-  derived from the histogram. It counts only accepted tokens the row output
-  (`core.counters`), so a last iteration that ended inside its accepted
-  block (after EOS or at max_decode_len) counts one position too many as
-  tried there, and `tested` can miss one: at most one per example.
+  accepted draft token i; `tested` their total, `beta_sum` the row's
+  summed beta (its alpha times `tested`), `proposed` its draft tokens.
   """
-  hist = np.asarray(stats.row_accepted_histogram[r], np.int64)
-  iterations = int(stats.row_iterations[r])
-  tries = getattr(stats, 'row_position_tries', None)
-  accepts = getattr(stats, 'row_position_accepts', None)
-  if tries is not None and accepts is not None:
-    tries = np.asarray(tries[r], np.int64)
-    accepts = np.asarray(accepts[r], np.int64)
-    tested = int(tries.sum())
-  else:
-    n = np.arange(gamma + 1)
-    tries = np.array([hist[i:].sum() for i in range(gamma)], np.int64)
-    accepts = np.array([hist[i + 1 :].sum() for i in range(gamma)], np.int64)
-    dropped = int((hist * (n + 1)).sum()) - len(tokens)
-    tested = max(int((hist * np.minimum(n + 1, gamma)).sum()) - dropped, 0)
-  beta_sums = getattr(stats, 'row_beta_sum', None)
-  alpha = float(stats.row_alpha[r])
-  beta_sum = float(beta_sums[r]) if beta_sums is not None else alpha * tested
+  tries = np.asarray(stats.row_position_tries[r], np.int64)
   # Beam search: its steps (`iterations` are its target calls).
   steps = getattr(stats, 'row_steps', None)
   # gamma='auto': the row's iterations at each γ 0..G while it decoded.
-  by_gamma = getattr(stats, 'row_gamma_histogram', None)
+  by_gamma = stats.row_gamma_histogram
   return {
     **({} if steps is None else {'steps': int(steps[r])}),
     **(
@@ -442,18 +422,18 @@ def row_spec_record(
       if by_gamma is None
       else {'gamma_iterations': np.asarray(by_gamma[r]).tolist()}
     ),
-    'iterations': iterations,
-    'accepted_histogram': hist.tolist(),
+    'iterations': int(stats.row_iterations[r]),
+    'accepted_histogram': np.asarray(
+      stats.row_accepted_histogram[r], np.int64
+    ).tolist(),
     'position_tries': tries.tolist(),
-    'position_accepts': accepts.tolist(),
-    'tested': tested,
-    'beta_sum': beta_sum,
-    'alpha': alpha,
-    'proposed': (
-      int(stats.row_proposed[r])
-      if getattr(stats, 'row_proposed', None) is not None
-      else gamma * iterations
-    ),
+    'position_accepts': np.asarray(
+      stats.row_position_accepts[r], np.int64
+    ).tolist(),
+    'tested': int(tries.sum()),
+    'beta_sum': float(stats.row_beta_sum[r]),
+    'alpha': float(stats.row_alpha[r]),
+    'proposed': int(stats.row_proposed[r]),
   }
 
 

@@ -173,7 +173,7 @@ def evaluate(
     records = [None] * opened['done']
   decode = decoding.Decoder(target, draft, s)
   auto = s.gamma == 'auto'
-  gammas = [decoding.AUTO] if auto else list(s.gamma)
+  gammas = list(s.gammas)
 
   def batch_done(done: int) -> None:
     if auto and hosts.writer and _merge_cost_models(state, decode):
@@ -342,7 +342,7 @@ def _run_batches(
           )
         for g, out in specs.items():
           st = out.tokens[r, : out.lengths[r]].tolist()
-          row = decoding.row_spec_record(out.stats, r, st, decode.width(g))
+          row = decoding.row_spec_record(out.stats, r)
           rec['speculative'][str(g)] = dict(
             text=to_text(st),
             tokens=st,
@@ -398,8 +398,10 @@ def _decode_batch(
     return out
 
   runs = {'plain': plain}
-  for g in gammas:
-    runs[f'speculative {g}'] = lambda g=g: decode(enc, seeds, g)
+  for gamma in gammas:
+    runs[f'speculative {gamma}'] = lambda gamma=gamma: decode(
+      enc, seeds, gamma=gamma
+    )
   if decode.decodes_draft_alone:
     runs['draft alone'] = lambda: decode.draft_alone(enc, seeds)
   probes = decode.probes(enc, gammas)

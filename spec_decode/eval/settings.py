@@ -10,7 +10,11 @@ It is a frozen dataclass whose `__post_init__` checks and normalizes every
 field, so a bad value is a `ValueError` naming the field
 (`EvalSettings.batch_size must be an int >= 1, got 0`) raised when the
 settings are built: before a model loads, a task is read or a decode loop
-compiles. `gin/runs/eval.gin` builds it from the run's macros
+compiles. What the decode itself takes (γ, sampling, lengths, lenience,
+dynamic γ) goes through `sd.generate`'s own checks
+(`chain.generation.decode_settings`, at every γ of a sweep), so its error
+is generate's text after `EvalSettings.`. `gin/runs/eval.gin` builds it
+from the run's macros
 (`spec_eval.evaluate.settings = @spec_eval.EvalSettings()`), and
 `compare.compare` derives one per combination with `dataclasses.replace`
 (which checks again).
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from spec_decode.chain import generation
 from spec_decode.core import inputs
 from spec_decode.data import seqio_data
 from spec_decode.t5 import vocab as vocab_lib
@@ -333,13 +338,38 @@ class EvalSettings:
     seqio_vocabulary = _seqio_vocabulary(self.seqio_vocabulary)
     task = self.checked_task(self.task)
     lengths = _feature_lengths(self.task_feature_lengths) or {}
-    try:
-      gamma = parse_gamma(self.gamma)
-    except ValueError as e:
-      raise ValueError(f'EvalSettings.{e}') from None
     dynamic_gamma = self.dynamic_gamma
     if dynamic_gamma is None or dynamic_gamma is False:
       dynamic_gamma = 0.0
+    # 0 is off here (a float field), not a threshold `generate` refuses.
+    dynamic_gamma = _real(
+      'dynamic_gamma',
+      dynamic_gamma,
+      lambda x: 0 <= x < 1,
+      '0 (off) or a threshold in (0, 1)',
+    )
+    max_decode_len = lengths.get('targets') or _max_decode_len(
+      self.max_decode_len
+    )
+    try:
+      gamma = parse_gamma(self.gamma)
+      # `generate`'s own checks, for every γ the run decodes at: a value
+      # it would refuse is refused here, in its words, before a model
+      # loads.
+      for g in [gamma] if gamma == inputs.AUTO else gamma:
+        generation.decode_settings(
+          speculative=True,
+          gamma=g,
+          temperature=self.temperature,
+          top_k=self.top_k,
+          top_p=self.top_p,
+          max_decode_len=max_decode_len,
+          lenience=self.lenience,
+          dynamic_gamma=dynamic_gamma or False,
+          max_auto_gamma=self.max_auto_gamma,
+        )
+    except ValueError as e:
+      raise ValueError(f'EvalSettings.{e}') from None
     values = {
       'mixture_or_task_module': modules,
       'seqio_vocabulary': seqio_vocabulary,
@@ -349,27 +379,15 @@ class EvalSettings:
       'num_examples': _int('num_examples', self.num_examples, 1, True),
       'batch_size': _int('batch_size', self.batch_size, 1),
       'gamma': gamma if gamma == 'auto' else tuple(gamma),
-      'temperature': _real(
-        'temperature', self.temperature, lambda x: x >= 0, 'a number >= 0'
-      ),
-      'top_k': _int('top_k', self.top_k, 0),
-      'top_p': _real(
-        'top_p', self.top_p, lambda x: 0 < x <= 1, 'a number in (0, 1]'
-      ),
-      'max_decode_len': lengths.get('targets')
-      or _max_decode_len(self.max_decode_len),
+      'temperature': float(self.temperature),
+      'top_k': int(self.top_k),
+      'top_p': float(self.top_p),
+      'max_decode_len': int(max_decode_len),
       'max_input_len': lengths.get('inputs')
       or _int('max_input_len', self.max_input_len, 1),
       'seed': _int('seed', self.seed, None),
-      'lenience': _real(
-        'lenience', self.lenience, lambda x: 0 < x <= 1, 'a number in (0, 1]'
-      ),
-      'dynamic_gamma': _real(
-        'dynamic_gamma',
-        dynamic_gamma,
-        lambda x: 0 <= x < 1,
-        '0 (off) or a threshold in (0, 1)',
-      ),
+      'lenience': float(self.lenience),
+      'dynamic_gamma': dynamic_gamma,
       'vocabulary': _path(
         'vocabulary', self.vocabulary, (vocab_lib.Vocabulary,)
       ),
@@ -415,6 +433,11 @@ class EvalSettings:
     return _decode_method(
       self.decode_method, self.temperature, self.top_k, self.top_p
     )
+
+  @property
+  def gammas(self) -> tuple[int | str, ...]:
+    """The γs the run decodes at: the sweep, or `('auto',)`."""
+    return (inputs.AUTO,) if self.gamma == inputs.AUTO else self.gamma
 
   @property
   def beam(self) -> bool:

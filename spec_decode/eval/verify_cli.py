@@ -168,11 +168,7 @@ def _checked(args) -> dict:
   if args.ngram_order < 1:
     raise _BadArguments(f'--ngram_order must be >= 1, got {args.ngram_order}')
   try:
-    gammas = tuple(
-      inputs.parse_gamma(g, '--gammas')
-      for g in args.gammas.split(',')
-      if g.strip()
-    )
+    gammas = inputs.parse_gammas(args.gammas, '--gammas')
   except ValueError as e:
     raise _BadArguments(f"{e} (comma-separated ints or 'auto')") from e
   tree = parse_tree(args.tree) if args.tree else None
@@ -268,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   target, draft = load_pair(args, checked)
   try:
-    report = sd.verify(target, draft, checked['inputs'], **checked['settings'])
+    report = sd.verify(
+      target, draft, encoder_tokens=checked['inputs'], **checked['settings']
+    )
   except ValueError as e:  # E.g. vocabularies that differ.
     print(f'spec-decode verify: {e}', file=sys.stderr)
     return 2

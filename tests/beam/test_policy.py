@@ -114,7 +114,9 @@ def _check(plain, out, exact=True):
 def test_every_schedule_returns_plain_beams_on_tables(num_beams):
   target = RowTableLM(tables=_tables(8, seed=num_beams))
   m = 30
-  plain = sd.beam_search(target, ENC, num_beams, 0.6, max_decode_len=m)
+  plain = sd.beam_search(
+    target, ENC, num_beams=num_beams, alpha=0.6, max_decode_len=m
+  )
   draft = sd.TableLM.random(8, seed=11)
   long_rows = plain.steps > CAP
   assert long_rows.any() and not long_rows.all(), plain.steps
@@ -141,7 +143,7 @@ def _self_draft_full_calls(t5, enc, k=2, gamma=2, m=30):
   """Plain and the self-draft decode with full trees (W = K^(G-1), c = K)
   on SCHEDULE, and how many speculative calls committed fewer than
   gamma + 1 steps without stopping their row."""
-  plain = sd.beam_search(t5, enc, k, 0.6, max_decode_len=m)
+  plain = sd.beam_search(t5, enc, num_beams=k, alpha=0.6, max_decode_len=m)
   out = _decode(t5, t5, enc, k, gamma, SCHEDULE, m=m, w=k ** (gamma - 1), c=k)
   _check(plain, out, exact=False)
   # A row's last call may end early (it stopped); any other must be full.
@@ -256,7 +258,7 @@ def _history_self_draft_short_calls(k=2, gamma=2, m=30):
   tables = rng.normal(0.0, 3.0, (4, 8, 8))
   tables[:, :, sd.EOS_ID] -= 2.0
   lm = HistoryLM(tables=jnp.asarray(tables, jnp.float32))
-  plain = sd.beam_search(lm, ENC, k, 0.6, max_decode_len=m)
+  plain = sd.beam_search(lm, ENC, num_beams=k, alpha=0.6, max_decode_len=m)
   out = _decode(lm, lm, ENC, k, gamma, SCHEDULE, m=m, w=k ** (gamma - 1), c=k)
   _check(plain, out)
   short = out['histogram'][:, :-1].sum(1)
@@ -283,13 +285,20 @@ def test_negative_control_stale_draft_rows(monkeypatch):
 
 
 def test_auto_decodes_plain_beams_and_follows_the_costs(t5, enc, monkeypatch):
-  plain = sd.beam_search(t5, enc, 2, 0.6, max_decode_len=12)
+  plain = sd.beam_search(t5, enc, num_beams=2, alpha=0.6, max_decode_len=12)
   # Fixed costs: a call costs 2 plain steps.
   monkeypatch.setattr(
     beam_costs, 'iteration_seconds', lambda *a, **k: ([1.0, 2.0], {})
   )
   auto = lambda draft: sd.beam_search(  # noqa: E731
-    t5, enc, 2, 0.6, 12, draft=draft, gamma='auto', max_auto_gamma=2
+    t5,
+    enc,
+    num_beams=2,
+    alpha=0.6,
+    max_decode_len=12,
+    draft=draft,
+    gamma='auto',
+    max_auto_gamma=2,
   )
   # An unrelated draft covers ~1 step per call: plain steps, with probes.
   poor = auto(sd.TableLM.random(t5.vocab_size, seed=3))
@@ -323,7 +332,15 @@ def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch):
   monkeypatch.setattr(cost_cache, '_memory', {})
   again, info = beam_costs.iteration_seconds(*args)
   assert again == seconds and not info['measured']
-  out = sd.beam_search(target, ENC, 2, 0.6, 12, draft=draft, gamma='auto')
+  out = sd.beam_search(
+    target,
+    ENC,
+    num_beams=2,
+    alpha=0.6,
+    max_decode_len=12,
+    draft=draft,
+    gamma='auto',
+  )
   assert out.iteration_seconds == seconds
 
 
@@ -331,6 +348,8 @@ def test_bad_auto_settings():
   target = RowTableLM(tables=_tables(8, seed=2))
   draft = sd.TableLM.random(8, seed=5)
   with pytest.raises(ValueError, match='max_auto_gamma'):
-    sd.beam_search(target, ENC, 2, draft=draft, gamma='auto', max_auto_gamma=0)
+    sd.beam_search(
+      target, ENC, num_beams=2, draft=draft, gamma='auto', max_auto_gamma=0
+    )
   with pytest.raises(ValueError, match="or 'auto'"):
-    sd.beam_search(target, ENC, 2, draft=draft, gamma='fast')
+    sd.beam_search(target, ENC, num_beams=2, draft=draft, gamma='fast')

@@ -117,7 +117,11 @@ def test_matches_reference_on_tables(num_beams, alpha):
   for seed in range(4):
     table = _eos_table(8, seed, eos_boost=1.0)
     out = sd.beam_search(
-      sd.TableLM(table=table), enc, num_beams, alpha, max_decode_len=6
+      sd.TableLM(table=table),
+      enc,
+      num_beams=num_beams,
+      alpha=alpha,
+      max_decode_len=6,
     )
     ref = reference(table_oracle(table), num_beams, alpha, 6)
     assert_matches(out, 0, ref)
@@ -129,7 +133,11 @@ def test_eos_at_the_first_step():
   enc = np.ones((1, 3), np.int32)
   for num_beams in (1, 3):
     out = sd.beam_search(
-      sd.TableLM(table=table), enc, num_beams, 0.6, max_decode_len=5
+      sd.TableLM(table=table),
+      enc,
+      num_beams=num_beams,
+      alpha=0.6,
+      max_decode_len=5,
     )
     np.testing.assert_array_equal(out.tokens[0, 0], [EOS, 0, 0, 0, 0])
     assert out.lengths[0, 0] == 1
@@ -148,7 +156,9 @@ def enc(t5):
 
 @pytest.mark.parametrize('num_beams,alpha', [(2, 0.6), (4, 1.0)])
 def test_t5_rows_finish_at_different_steps(t5, enc, num_beams, alpha):
-  out = sd.beam_search(t5, enc, num_beams, alpha, max_decode_len=8)
+  out = sd.beam_search(
+    t5, enc, num_beams=num_beams, alpha=alpha, max_decode_len=8
+  )
   for row in range(enc.shape[0]):
     ref = reference(t5_oracle(t5, enc[row], 8, num_beams), num_beams, alpha, 8)
     assert_matches(out, row, ref)
@@ -157,14 +167,14 @@ def test_t5_rows_finish_at_different_steps(t5, enc, num_beams, alpha):
 
 
 def test_rows_are_independent(t5, enc):
-  out = sd.beam_search(t5, enc, 2, 0.6, max_decode_len=8)
+  out = sd.beam_search(t5, enc, num_beams=2, alpha=0.6, max_decode_len=8)
   assert len(set(out.steps.tolist())) > 1, out.steps
   # Every row among other batch mates (the batch reversed, and row 0's mates
   # replaced by other inputs): its beams, scores and steps do not change.
   others = encoder_batch(6, 7, t5.vocab_size, seed=99)
   others[0] = enc[0]
   for batch, rows in ((enc[::-1], np.arange(6)[::-1]), (others, [0])):
-    moved = sd.beam_search(t5, batch, 2, 0.6, max_decode_len=8)
+    moved = sd.beam_search(t5, batch, num_beams=2, alpha=0.6, max_decode_len=8)
     for i, row in enumerate(rows):
       np.testing.assert_array_equal(moved.tokens[i], out.tokens[row])
       np.testing.assert_array_equal(moved.lengths[i], out.lengths[row])
@@ -181,14 +191,18 @@ def test_one_beam_is_greedy_when_no_runner_up_ends():
   enc = np.ones((2, 3), np.int32)
   greedy = sd.generate(sd.TableLM(table=table), enc, max_decode_len=9)
   for alpha in (0.0, 0.6):
-    out = sd.beam_search(sd.TableLM(table=table), enc, 1, alpha, 9)
+    out = sd.beam_search(
+      sd.TableLM(table=table), enc, num_beams=1, alpha=alpha, max_decode_len=9
+    )
     np.testing.assert_array_equal(out.tokens[:, 0], greedy.tokens)
     np.testing.assert_array_equal(out.lengths[:, 0], greedy.lengths)
   # Without any EOS on the greedy path, one beam never finishes: greedy's
   # M tokens, scored by their log-probability.
   table[5, EOS] = -30.0
   greedy = sd.generate(sd.TableLM(table=table), enc, max_decode_len=9)
-  out = sd.beam_search(sd.TableLM(table=table), enc, 1, 0.6, 9)
+  out = sd.beam_search(
+    sd.TableLM(table=table), enc, num_beams=1, alpha=0.6, max_decode_len=9
+  )
   np.testing.assert_array_equal(out.tokens[:, 0], greedy.tokens)
   assert (greedy.lengths == 9).all() and (out.lengths == 9).all()
   logp = sd.TableLM(table=table).log_probs(enc, greedy.tokens).sum(1)
@@ -199,7 +213,7 @@ def test_t5_one_beam_equals_greedy_where_t5x_rules_allow(t5, enc):
   """One beam follows greedy's tokens until greedy's EOS; it returns
   greedy's sequence unless an EOS runner-up finished with a better score."""
   greedy = sd.generate(t5, enc, max_decode_len=8)
-  out = sd.beam_search(t5, enc, 1, 0.0, max_decode_len=8)
+  out = sd.beam_search(t5, enc, num_beams=1, alpha=0.0, max_decode_len=8)
   same = (out.tokens[:, 0] == greedy.tokens).all(1)
   assert same.sum() >= 1
   for row in np.flatnonzero(~same):
@@ -230,7 +244,7 @@ def test_one_beam_differs_from_greedy_when_an_eos_runner_up_wins():
   enc = np.ones((1, 3), np.int32)
   lm = sd.TableLM(table=table)
   greedy = sd.generate(lm, enc, max_decode_len=4)
-  out = sd.beam_search(lm, enc, 1, 0.6, max_decode_len=4)
+  out = sd.beam_search(lm, enc, num_beams=1, alpha=0.6, max_decode_len=4)
   assert greedy.tokens[0, 0] == 3 and greedy.lengths[0] == 4
   np.testing.assert_array_equal(out.tokens[0, 0], [EOS, 0, 0, 0])
   assert_matches(out, 0, reference(table_oracle(table), 1, 0.6, 4))
@@ -244,7 +258,9 @@ def test_fewer_finished_than_beams_fills_empty_slots():
   table[6, 7] = 10.0
   table[7, EOS] = 10.0
   enc = np.ones((1, 2), np.int32)
-  out = sd.beam_search(sd.TableLM(table=table), enc, 3, 0.6, 3)
+  out = sd.beam_search(
+    sd.TableLM(table=table), enc, num_beams=3, alpha=0.6, max_decode_len=3
+  )
   np.testing.assert_array_equal(out.tokens[0, 0], [6, 7, EOS])
   assert out.lengths[0].tolist() == [3, 0, 0]
   np.testing.assert_array_equal(out.scores[0, 1:], [EMPTY_SCORE] * 2)

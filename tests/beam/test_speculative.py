@@ -128,7 +128,9 @@ def test_equals_plain_beam_search_on_tables(num_beams, gamma):
   target = RowTableLM(tables=_tables(8, seed=num_beams))
   # Several alphas; each leaves rows that stop at different steps here.
   alpha = {1: 0.6, 3: 0.0, 5: 1.0 if num_beams < 4 else 0.6}[gamma]
-  plain = sd.beam_search(target, ENC, num_beams, alpha, max_decode_len=12)
+  plain = sd.beam_search(
+    target, ENC, num_beams=num_beams, alpha=alpha, max_decode_len=12
+  )
   # The case the batch is for: rows stopped after different numbers of
   # steps.
   assert len(set(plain.steps.tolist())) > 1, plain.steps
@@ -136,7 +138,14 @@ def test_equals_plain_beam_search_on_tables(num_beams, gamma):
 
   def spec(draft, **tree):
     out = sd.beam_search(
-      target, ENC, num_beams, alpha, 12, draft=draft, gamma=gamma, **tree
+      target,
+      ENC,
+      num_beams=num_beams,
+      alpha=alpha,
+      max_decode_len=12,
+      draft=draft,
+      gamma=gamma,
+      **tree,
     )
     assert_same_beams(plain, out, exact=True)
     assert (out.calls >= full_calls(out.steps, gamma)).all()
@@ -182,14 +191,16 @@ def test_draft_tree_sizes(num_beams=3):
   target = RowTableLM(tables=_tables(8, seed=5))
   noise = np.random.default_rng(8).normal(0, 1.0, target.tables.shape)
   draft = RowTableLM(tables=target.tables + noise.astype(np.float32))
-  plain = sd.beam_search(target, ENC, num_beams, 0.6, max_decode_len=12)
+  plain = sd.beam_search(
+    target, ENC, num_beams=num_beams, alpha=0.6, max_decode_len=12
+  )
   outs = [
     sd.beam_search(
       target,
       ENC,
-      num_beams,
-      0.6,
-      12,
+      num_beams=num_beams,
+      alpha=0.6,
+      max_decode_len=12,
       draft=draft,
       gamma=3,
       draft_beams=w,
@@ -204,12 +215,18 @@ def test_draft_tree_sizes(num_beams=3):
   assert per_call[0] <= per_call[1] <= per_call[2]
   for bad in ({'draft_beams': 0}, {'draft_children': 0}):
     with pytest.raises(ValueError, match=next(iter(bad))):
-      sd.beam_search(target, ENC, 2, draft=draft, **bad)
+      sd.beam_search(target, ENC, num_beams=2, draft=draft, **bad)
   with pytest.raises(ValueError, match='below the vocabulary size'):
-    sd.beam_search(target, ENC, 2, draft=draft, draft_children=8)
+    sd.beam_search(target, ENC, num_beams=2, draft=draft, draft_children=8)
   with pytest.raises(ValueError, match='nodes; at most'):
     sd.beam_search(
-      target, ENC, 2, draft=draft, gamma=9, draft_beams=7, draft_children=7
+      target,
+      ENC,
+      num_beams=2,
+      draft=draft,
+      gamma=9,
+      draft_beams=7,
+      draft_children=7,
     )
 
 
@@ -218,9 +235,11 @@ def test_placeholder_beams_with_a_vocabulary_below_2k():
   # top 2K at the first step and must be covered like any other beam.
   target = RowTableLM(tables=_tables(5, seed=3))
   enc = ENC % 5
-  plain = sd.beam_search(target, enc, 4, 0.6, max_decode_len=7)
+  plain = sd.beam_search(target, enc, num_beams=4, alpha=0.6, max_decode_len=7)
   draft = sd.TableLM.random(5, seed=4)
-  out = sd.beam_search(target, enc, 4, 0.6, 7, draft=draft, gamma=2)
+  out = sd.beam_search(
+    target, enc, num_beams=4, alpha=0.6, max_decode_len=7, draft=draft, gamma=2
+  )
   assert_same_beams(plain, out, exact=True)
 
 
@@ -236,10 +255,12 @@ def enc(t5):
 
 @pytest.mark.accel
 def test_t5_near_draft(t5, enc):
-  plain = sd.beam_search(t5, enc, 4, 0.6, max_decode_len=10)
+  plain = sd.beam_search(t5, enc, num_beams=4, alpha=0.6, max_decode_len=10)
   assert len(set(plain.steps.tolist())) > 1, plain.steps
   draft = perturbed(t5, 0.1, seed=1)
-  out = sd.beam_search(t5, enc, 4, 0.6, 10, draft=draft, gamma=3)
+  out = sd.beam_search(
+    t5, enc, num_beams=4, alpha=0.6, max_decode_len=10, draft=draft, gamma=3
+  )
   diff = assert_same_beams(plain, out, exact=False)
   print(
     f'T5 near draft: steps per call {out.steps_per_call:.2f}, '
@@ -250,9 +271,17 @@ def test_t5_near_draft(t5, enc):
 
 def test_t5_self_draft_commits_gamma_plus_one_steps(t5, enc):
   # The settings of test_t5_near_draft: both programs are compiled already.
-  plain = sd.beam_search(t5, enc, 4, 0.6, max_decode_len=10)
+  plain = sd.beam_search(t5, enc, num_beams=4, alpha=0.6, max_decode_len=10)
   out = sd.beam_search(
-    t5, enc, 4, 0.6, 10, draft=t5, gamma=3, draft_beams=4, draft_children=4
+    t5,
+    enc,
+    num_beams=4,
+    alpha=0.6,
+    max_decode_len=10,
+    draft=t5,
+    gamma=3,
+    draft_beams=4,
+    draft_children=4,
   )
   assert_same_beams(plain, out, exact=False)
   np.testing.assert_array_equal(out.calls, full_calls(out.steps, 3))
@@ -260,6 +289,8 @@ def test_t5_self_draft_commits_gamma_plus_one_steps(t5, enc):
 
 def test_bad_drafts_are_clear_errors(t5, enc):
   with pytest.raises(ValueError, match='vocabulary size'):
-    sd.beam_search(t5, enc, 2, draft=sd.TableLM.random(t5.vocab_size + 2))
+    sd.beam_search(
+      t5, enc, num_beams=2, draft=sd.TableLM.random(t5.vocab_size + 2)
+    )
   with pytest.raises(ValueError, match='has no init_state'):
-    sd.beam_search(t5, enc, 2, draft=object())
+    sd.beam_search(t5, enc, num_beams=2, draft=object())

@@ -159,7 +159,11 @@ def test_beam_search_is_t5x_bit_for_bit(alpha):
       tables = make(vocab, seed)
       enc = ENC % vocab
       ours = sd.beam_search(
-        RowTableLM(tables=jnp.asarray(tables)), enc, k, alpha, m
+        RowTableLM(tables=jnp.asarray(tables)),
+        enc,
+        num_beams=k,
+        alpha=alpha,
+        max_decode_len=m,
       )
       tokens, scores = _t5x_beam_search(decoding, tables, enc, k, alpha, m)
       np.testing.assert_array_equal(ours.tokens, tokens)

@@ -36,7 +36,11 @@ def models():
 def recorded(models):
   target, _, enc = models
   traj, tokens = controlled_beam.trajectory(target, enc, K, 0.6, M)
-  return traj, tokens, sd.beam_search(target, enc, K, 0.6, max_decode_len=M)
+  return (
+    traj,
+    tokens,
+    sd.beam_search(target, enc, num_beams=K, alpha=0.6, max_decode_len=M),
+  )
 
 
 def test_trajectory_is_plain_beam_search(recorded):
@@ -61,7 +65,7 @@ def _controlled(models, recorded, alpha):
     inner=draft, traj=traj, alpha=jnp.float32(alpha), key=jax.random.key(0)
   )
   out = sd.beam_search(
-    target, enc, K, 0.6, max_decode_len=M, draft=cd, gamma=GAMMA
+    target, enc, num_beams=K, alpha=0.6, max_decode_len=M, draft=cd, gamma=GAMMA
   )
   # Exact at every alpha: the draft only decides how far a call reaches.
   assert beam.same_beams(plain, out).all()

@@ -317,12 +317,24 @@ def test_sample_draws_positive_ids_with_their_probabilities():
     dict(top_k=1.5),
     dict(top_p=0.0),
     dict(top_p=1.5),
+    dict(temperature=float('nan')),
+    dict(temperature=float('inf')),
+    dict(temperature=True),
+    dict(top_k=True),
+    dict(top_p=float('nan')),
+    dict(top_p=True),
   ],
 )
 def test_bad_settings_name_the_argument(kwargs):
   name = next(iter(kwargs))
   with pytest.raises(ValueError, match=name):
     Sampler(**kwargs)
+
+
+def test_numpy_numbers_are_settings_too():
+  s = Sampler(np.float32(0.5), np.int64(3), np.float64(0.9))
+  assert s == Sampler(0.5, 3, 0.9)
+  assert type(s.temperature) is float and type(s.top_k) is int
 
 
 def test_fast_argmax_equals_jnp_argmax():

@@ -56,7 +56,7 @@ def test_decoder_beam_mode_returns_the_best_beam():
   enc = encoder_batch(3, 7, target.vocab_size, seed=4)
   s = _settings(decode_method='beam', num_beams=3, beam_alpha=0.6)
   out, seconds = decoding.Decoder(target, None, s)(enc, np.arange(3))
-  ref = sd.beam_search(target, enc, 3, 0.6, max_decode_len=6)
+  ref = sd.beam_search(target, enc, num_beams=3, alpha=0.6, max_decode_len=6)
   np.testing.assert_array_equal(out.tokens, ref.tokens[:, 0])
   np.testing.assert_array_equal(out.lengths, ref.lengths[:, 0])
   np.testing.assert_array_equal(out.beams.scores, ref.scores)

@@ -68,6 +68,7 @@ import numpy as np
 import spec_decode as sd
 from spec_decode.bench.beam import controlled as controlled_beam
 from spec_decode.bench.beam import coverage as beam_coverage
+from spec_decode.core import inputs
 from spec_decode.data import tasks
 
 TASK = 'debian_ende'
@@ -329,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     '--controlled_beams', default=None, help='default --num_beams'
   )
-  parser.add_argument('--gammas', default=None, help='default 2,4')
+  parser.add_argument(
+    '--gammas',
+    type=inputs.gamma_flag('gammas', auto=False, many=True),
+    default=None,
+    help='default 2,4',
+  )
   parser.add_argument('--alphas', default=None, help='default 0.5,0.8,0.95,1')
   parser.add_argument('--beam_alpha', type=float, default=0.6)
   parser.add_argument('--max_decode_len', type=int, default=64)
@@ -349,19 +355,19 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   quick = dict(
     num_examples=6,
-    gammas='2',
+    gammas=(2,),
     alphas='0.5,0.9',
     repeats=3,
     controlled_beams='4',
   )
-  full = dict(num_examples=20, gammas='2,4', alphas='0.5,0.8,0.95,1',
+  full = dict(num_examples=20, gammas=(2, 4), alphas='0.5,0.8,0.95,1',
               repeats=5, controlled_beams=args.num_beams)  # fmt: skip
   for name, value in (quick if args.quick else full).items():
     if getattr(args, name) is None:
       setattr(args, name, value)
   args.num_beams = _ints(args.num_beams)
   args.controlled_beams = _ints(args.controlled_beams)
-  args.gammas = _ints(args.gammas)
+  args.gammas = list(args.gammas)
   args.alphas = [float(x) for x in args.alphas.split(',')]
   # Only the tree flags given: the library's defaults otherwise.
   args.tree_kw = {

@@ -29,6 +29,7 @@ import spec_decode as sd
 from spec_decode import checkpoints
 from spec_decode.bench.drafts import interleaved
 from spec_decode.core import drafter as drafter_lib
+from spec_decode.core import inputs
 from spec_decode.core import model_drafter
 from spec_decode.core import sampling
 from spec_decode.data import tasks
@@ -155,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--draft', default='checkpoints/demo/draft')
   parser.add_argument('--data_dir', default='data/debian')
   parser.add_argument('--num_examples', type=int, default=30)
-  parser.add_argument('--gamma', type=int, default=4)
-  parser.add_argument('--inner_gammas', default='1,2,3')
+  parser.add_argument('--gamma', type=inputs.gamma_flag(auto=False), default=4)
+  parser.add_argument(
+    '--inner_gammas',
+    type=inputs.gamma_flag('inner_gammas', auto=False, many=True),
+    default='1,2,3',
+  )
   parser.add_argument('--max_decode_len', type=int, default=128)
   parser.add_argument('--max_input_len', type=int, default=512)
   parser.add_argument('--repeats', type=int, default=3)
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   g, m = args.gamma, args.max_decode_len
 
-  inner_gammas = [int(x) for x in args.inner_gammas.split(',')]
+  inner_gammas = list(args.inner_gammas)
   configs = [(None, g), (draft, g), (bigram, g)]
   configs += [
     (hierarchical.Hierarchical(draft, bigram, gamma=k), g) for k in inner_gammas

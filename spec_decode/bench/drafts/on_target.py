@@ -28,6 +28,7 @@ import numpy as np
 import spec_decode as sd
 from spec_decode import paths
 from spec_decode.bench.drafts.table import encoder_tokens
+from spec_decode.core import inputs
 from spec_decode.core import model_drafter
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.drafters import feature as feature_lib
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     '--feature', default=None, help='another feature draft directory'
   )
   parser.add_argument('--num_examples', type=int, default=24)
-  parser.add_argument('--gamma', type=int, default=4)
+  parser.add_argument('--gamma', type=inputs.gamma_flag(auto=False), default=4)
   parser.add_argument(
     '--tree', default='2,1,1,1', help="branching of the tree rows ('': none)"
   )

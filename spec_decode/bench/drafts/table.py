@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 import spec_decode as sd
+from spec_decode.core import inputs
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.drafters import Copy
 from spec_decode.drafters import NGram
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument('--split', default='test')
   parser.add_argument('--num_examples', type=int, default=50)
-  parser.add_argument('--gamma', type=int, default=4)
+  parser.add_argument('--gamma', type=inputs.gamma_flag(), default=4)
   parser.add_argument('--max_input_len', type=int, default=256)
   parser.add_argument('--max_decode_len', type=int, default=128)
   parser.add_argument('--max_ngram', type=int, default=3)

@@ -34,6 +34,7 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode.bench.drafts import interleaved
+from spec_decode.core import inputs
 from spec_decode.core import model_drafter
 from spec_decode.core import tree_shape as tree_lib
 from spec_decode.data import tasks
@@ -292,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--draft', default='checkpoints/demo/draft')
   parser.add_argument('--data_dir', default='data/debian')
   parser.add_argument('--num_examples', type=int, default=12)
-  parser.add_argument('--gammas', default='1,2,3,4,6,8')
+  parser.add_argument(
+    '--gammas',
+    type=inputs.gamma_flag('gammas', auto=False, many=True),
+    default='1,2,3,4,6,8',
+  )
   parser.add_argument('--budgets', default='4,8,16')
   parser.add_argument('--alphas', default='0.5,0.8')
   parser.add_argument('--max_decode_len', type=int, default=64)
@@ -300,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--skip_demo', action='store_true')
   parser.add_argument('--out', default=None, help='JSON file for the rows')
   args = parser.parse_args(argv)
-  args.gammas = [int(x) for x in args.gammas.split(',')]
+  args.gammas = list(args.gammas)
   args.budgets = [int(x) for x in args.budgets.split(',')]
   args.alphas = [float(x) for x in args.alphas.split(',')]
 

@@ -45,13 +45,6 @@ class Decoder:
     self.settings = settings
     self._verifier = rejection.ExactVerifier(lenience=settings.lenience)
 
-  @property
-  def width(self) -> int:
-    """The most draft tokens an iteration proposes (for its counts)."""
-    s = self.settings
-    g = s.gamma_value
-    return s.max_auto_gamma if g == 'auto' else int(g)
-
   def __call__(self, enc: Any, seeds: np.ndarray) -> tuple[Any, float]:
     """Decodes a batch; returns the output and its seconds.
 
@@ -142,7 +135,7 @@ def line(
   return obj
 
 
-def row_stats(out: Any, r: int, tokens: list[int], width: int, max_len: int):
+def row_stats(out: Any, r: int, tokens: list[int], max_len: int):
   """What the summary adds up for row r: `tokens`, `calls` (target
   calls), `beta_sum` and `tested` (alpha's parts), `ran_out` (no EOS).
   Plain decoding (no draft: `out.stats` is None) makes one target call per
@@ -156,7 +149,7 @@ def row_stats(out: Any, r: int, tokens: list[int], width: int, max_len: int):
       'tested': 0,
       'ran_out': outcomes.ran_out(tokens, max_len),
     }
-  rec = decoding.row_spec_record(out.stats, r, tokens, width)
+  rec = decoding.row_spec_record(out.stats, r)
   return {
     'tokens': len(tokens),
     'calls': rec['iterations'],

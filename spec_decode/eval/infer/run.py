@@ -200,9 +200,7 @@ def _batch(
   rows = []
   for r, i in enumerate(indices):
     tokens = decode_lib.row_tokens(out, r)
-    stats = decode_lib.row_stats(
-      out, r, tokens, decoder.width, s.max_decode_len
-    )
+    stats = decode_lib.row_stats(out, r, tokens, s.max_decode_len)
     counts.examples += 1
     counts.tokens += stats['tokens']
     counts.beta_sum += stats['beta_sum']
