@@ -225,7 +225,7 @@ def test_full_plan_puts_the_xxl_core_first(tmp_path):
   assert not {k.split('/')[0] for k in order[:11]} & set(plan.boxes)
   # The T5Gemma section comes after every T5 section, in its own share.
   gemma = [k for k in order if k.startswith('t5gemma/')]
-  assert order[-len(gemma):] == gemma
+  assert order[-len(gemma) :] == gemma
   assert gemma == [
     't5gemma/draft', 't5gemma/init', 't5gemma/v(1)', 't5gemma/v(8)',
     't5gemma/v(2)', 't5gemma/v(4)', 't5gemma/v(16)', 't5gemma/c',
@@ -244,15 +244,31 @@ def test_t5gemma_pair_is_9b_2b_with_s_s_and_fits_an_h100():
   assert str(target.param_dtype) == str(draft.param_dtype) == 'bfloat16'
 
   def nbytes(config):
-    params = jax.eval_shape(
-      lambda: sd.T5GemmaModel.init(config, seed=0).params
-    )
+    params = jax.eval_shape(lambda: sd.T5GemmaModel.init(config, seed=0).params)
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
 
-  # plan.T5GEMMA's comment: 12.29B parameters in bfloat16, and the draft.
+  # plan.py's comment: 12.29B parameters in bfloat16, and the draft.
   assert nbytes(target) == 2 * 12_292_375_296
   total = nbytes(target) + nbytes(draft)
   assert total < 78 * 2**30 / 3, total / 2**30
+
+
+@pytest.mark.parametrize(
+  'name,size', [('t5gemma_target', '9b_2b'), ('t5gemma_draft', 's_s')]
+)
+def test_t5gemma_pair_is_what_its_size_files_build(name, size):
+  """The bench reads no gin (`plan.t5gemma_size` spells the values out);
+  the size files are the reference."""
+  from spec_decode import gin_cli
+  from spec_decode.t5gemma import config as config_lib
+
+  gin_cli.parse([f'models/t5gemma/{size}.gin'], [])
+  try:
+    want = gin_cli.configured(config_lib.T5GemmaConfig)()
+  finally:
+    gin_cli.parse([], [])
+  want = want.replace(dtype='bfloat16', param_dtype='bfloat16', cpu_sum_block=0)
+  assert getattr(plan_lib.full(), name) == want
 
 
 def test_t5gemma_real_widths_build_at_toy_depth():
@@ -300,8 +316,7 @@ def test_bandwidth_bound_counts_weights_and_cache():
   # GeGLU's 3 x 2304 x 9216, and the 256000 x 2304 tied head.
   gemma = plan_lib.full().t5gemma_target
   want = 2 * (
-    26 * (4 * 2304 * 2048 + 2 * 2304 * 1024 + 3 * 2304 * 9216)
-    + 256_000 * 2304
+    26 * (4 * 2304 * 2048 + 2 * 2304 * 1024 + 3 * 2304 * 9216) + 256_000 * 2304
   )
   assert cost.step_bytes(gemma, 1, 0, 0) == want
   kv = 2 * 1024 * 2  # keys and values of 4 heads of 256, bfloat16

@@ -23,7 +23,7 @@ item, `section/item` as the JSON's timeline writes it:
   beam               speculative vs plain beam search at 4 beams
   identity_float32   the identity check in float32 (true float32 products)
   small, base, large, xl   the core of each size
-  t5gemma            a T5Gemma pair (`plan.T5GEMMA`: the 9B-2B target, the
+  t5gemma            a T5Gemma pair (`plan.full`: the 9B-2B target, the
                      S-S draft): its draft, its init, the core, alphas 0.5
                      and 0.9 (last: the T5 sections come first)
 

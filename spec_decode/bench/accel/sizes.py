@@ -86,8 +86,8 @@ def _suppress_eos_t5gemma(model):
   params = jax.tree.map(lambda x: x, model.params)  # New dicts, same leaves.
   if not model.config.tie_head:
     head = params['decoder']['head']
-    head['kernel'] = head['kernel'].at[:, eos].set(
-      0.5 * head['kernel'][:, other]
+    head['kernel'] = (
+      head['kernel'].at[:, eos].set(0.5 * head['kernel'][:, other])
     )
   else:
     owner = params if model.config.shared_embedding else params['decoder']
