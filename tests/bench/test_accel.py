@@ -398,3 +398,19 @@ def test_an_alpha_item_without_a_wider_v_is_skipped(tmp_path):
     bench.alpha_item(0.9).predict()
   bench.times[3] = 2e-4  # The negative control: with v(3) it predicts.
   assert bench.alpha_item(0.9).predict() > 0
+
+
+def test_t5gemma_items_skip_without_their_draft(tmp_path):
+  """The T5Gemma draft is made by its own (predicted) item; where that
+  item is left out, c and the speedups skip instead of making it."""
+  out = str(tmp_path / 'accel')
+  code = run.main([
+    '--tiny', '--skip', 'smoke', '--only', 't5gemma/c,t5gemma/alpha 0.9',
+    '--out_dir', out,
+  ])  # fmt: skip
+  assert code == 0
+  why = {x['item']: x['why'] for x in _doc(out)['skipped']
+         if x['section'] == 't5gemma'}  # fmt: skip
+  assert why['c'] == 'needs the draft (t5gemma_draft), not made'
+  assert why['alpha 0.9'] == 'needs v(1) and c, not measured'
+  assert 't5gemma_draft' not in _doc(out)['sections']
