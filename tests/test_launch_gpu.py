@@ -71,6 +71,19 @@ def test_the_accel_job_end_to_end(tmp_path):
     assert t2['measured'] > 0 and t2['predicted'] > 0
   (more,) = [r for a, r in s['sizes']['xxl']['speedup'].items() if a == '0.9']
   assert more['same_as_plain']
+  # The T5Gemma section (a toy T5Gemma pair): the same rows, after every
+  # T5 section.
+  gemma = s['sizes']['t5gemma']
+  assert gemma['config']['family'] == 't5gemma'
+  assert gemma['draft'].startswith('T5Gemma')
+  assert set(gemma['v']) == {'1', '2', '3'} and gemma['c'] > 0
+  assert gemma['paper_table2']['same_as_plain']
+  assert gemma['paper_table2']['measured'] > 0
+  assert gemma['speedup']['0.9']['same_as_plain']
+  assert s['t5gemma_draft']['step_ms'] > 0
+  sections = [e['section'] for e in doc['timeline']]
+  first = sections.index('t5gemma')
+  assert set(sections[first:]) == {'t5gemma'} and 'small' in sections[:first]
   (row,) = s['batching']
   assert row['batch'] == 2 and row['same_as_plain']['auto'] == 1.0
   assert set(s['trees']['v_tree']) == {'2'}

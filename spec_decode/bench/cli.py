@@ -46,7 +46,8 @@ BENCHMARKS = {
   ),
   'memory': (
     'spec_decode.bench.memory',
-    'bytes per device on the capacity plan meshes, against the plan',
+    'bytes per device on the capacity plan meshes, against the plan; a '
+    "T5Gemma decode state's sliding and global layers by output length",
   ),
   'hierarchical': (
     'spec_decode.bench.drafts.hierarchical',
@@ -63,8 +64,9 @@ BENCHMARKS = {
   ),
   'accel': (
     'spec_decode.bench.accel.run',
-    'the accelerator bench: T5 small to XXL with the small draft, bf16, '
-    'in a time budget (--tiny: the CPU rehearsal)',
+    'the accelerator bench: T5 small to XXL with the small draft, then '
+    'T5Gemma 9B-2B with S-S, bf16, in a time budget (--tiny: the CPU '
+    'rehearsal)',
   ),
   'beam': (
     'spec_decode.bench.beam.search',

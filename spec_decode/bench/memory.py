@@ -1,6 +1,8 @@
-"""`spec-decode bench memory`: bytes per device, measured against the plan.
+"""`spec-decode bench memory`: bytes per device, measured against the plan;
+a T5Gemma decode state's sliding layers, flat in output length.
 
     spec-decode bench memory [--devices 8] [--scale 16] [--out memory.json]
+        [--only plan|t5gemma] [--window 32] [--ring_margin 8]
 
 docs/capacity_plan.md computes memory per chip on paper for T5-XXL sharded
 `model` ways next to a replicated T5-small. This benchmark builds the same
@@ -19,6 +21,13 @@ the plan's formula applied to the scaled shapes:
 plan gets wrong shows as a ratio away from 1. The float32 parameters of the
 scaled models stand in for the plan's bfloat16: ratios do not depend on the
 dtype.
+
+The T5Gemma part (`t5gemma_run`) builds the decode state of a small random
+T5Gemma and T5Gemma 2 (`--window` W, `--ring_margin` G) for outputs of
+`T5GEMMA_LENGTHS` tokens and sums its arrays' bytes by layer type: a
+sliding layer's ring keeps `min(L, W + G - 1)` entries, so its bytes stay
+the same from L = W + G - 1 on, while a global layer's grow with L. The
+encoder's keys and values (cross) depend on the input, not the output.
 """
 
 import argparse
@@ -36,6 +45,9 @@ MESHES = (
 INPUT_LEN = 512
 MAX_DECODE_LEN = 249  # + gamma 5 + 2 = 256 slots, the plan's L.
 GAMMA = 5
+# The T5Gemma part: decoder slots per row, and the input's tokens.
+T5GEMMA_LENGTHS = (64, 256, 1024, 4096)
+T5GEMMA_INPUT_LEN = 32
 
 
 def _scaled(name: str, scale: int):
@@ -138,6 +150,120 @@ def markdown(rows: list[dict], scale: int) -> str:
   return '\n'.join(lines)
 
 
+def t5gemma_config(
+  version: int, window: int, ring_margin: int, layers: int = 12
+):
+  """A small T5Gemma (version 1: every other layer global) or T5Gemma 2
+  (five of six layers sliding), `layers` layers of width 64 with
+  grouped-query attention (4 query heads on 2 key/value heads of 16)."""
+  from spec_decode.t5gemma import config as config_lib  # pylint: disable=g-import-not-at-top
+
+  stack = config_lib.pattern_stack(
+    2 if version == 1 else 6,
+    num_layers=layers,
+    emb_dim=64,
+    mlp_dim=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    sliding_window=window,
+    query_pre_attn_scalar=16.0,
+  )
+  return config_lib.T5GemmaConfig(
+    version=version,
+    vocab_size=256,
+    encoder=stack,
+    decoder=stack,
+    ring_margin=ring_margin,
+  )
+
+
+def t5gemma_state_bytes(model, length: int, batch: int = 1) -> dict:
+  """Bytes of `model`'s decode state for `length` decoder slots, by part.
+
+  Returns:
+    `{length, sliding, global, cross, index, total}`: the self-attention
+    keys, values and slot tables of the sliding and of the global layers,
+    the encoder's keys and values with their mask, the per-row index, and
+    every array of the state (their sum), each from the arrays' `nbytes`.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from spec_decode.t5gemma.config import GLOBAL  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5gemma.config import SLIDING  # pylint: disable=g-import-not-at-top
+
+  enc = np.full((batch, T5GEMMA_INPUT_LEN), 5, np.int32)
+  state = jax.block_until_ready(model.init_state(enc, length))
+  cache = state.cache
+  by_type = {SLIDING: 0, GLOBAL: 0}
+  types = model.config.decoder.layer_types
+  for t, k, v in zip(types, cache.keys, cache.values, strict=True):
+    by_type[t] += k.nbytes + v.nbytes
+  for t, slots in cache.slots.items():
+    by_type[t] += slots.nbytes
+  return {
+    'length': length,
+    'sliding': by_type[SLIDING],
+    'global': by_type[GLOBAL],
+    'cross': sum(x.nbytes for x in jax.tree.leaves(state.cross)),
+    'index': cache.index.nbytes,
+    'total': sum(x.nbytes for x in jax.tree.leaves(state)),
+  }
+
+
+def t5gemma_run(
+  window: int, ring_margin: int, lengths=T5GEMMA_LENGTHS, layers: int = 12
+) -> list[dict]:
+  """Both versions' decode-state bytes at each length (one row per
+  version: its config's shape and `t5gemma_state_bytes` per length)."""
+  from spec_decode.models.t5gemma_model import T5GemmaModel  # pylint: disable=g-import-not-at-top
+  from spec_decode.t5gemma.config import SLIDING  # pylint: disable=g-import-not-at-top
+
+  out = []
+  for version in (1, 2):
+    cfg = t5gemma_config(version, window, ring_margin, layers)
+    model = T5GemmaModel.init(cfg, seed=0)
+    types = cfg.decoder.layer_types
+    out.append({
+      'version': version,
+      'window': window,
+      'ring_margin': ring_margin,
+      'sliding_layers': types.count(SLIDING),
+      'global_layers': len(types) - types.count(SLIDING),
+      'ring_entries': window + ring_margin - 1,
+      'lengths': [t5gemma_state_bytes(model, n) for n in lengths],
+    })  # fmt: skip
+  return out
+
+
+def t5gemma_markdown(rows: list[dict]) -> str:
+  kib = 2**10
+  lines = []
+  for r in rows:
+    name = 'T5Gemma' if r['version'] == 1 else 'T5Gemma 2'
+    first = r['lengths'][0]
+    lines += [
+      f'{name}: {r["sliding_layers"]} sliding and {r["global_layers"]} '
+      f'global decoder layers, window {r["window"]}, ring margin '
+      f'{r["ring_margin"]} (a sliding ring of {r["ring_entries"]} '
+      'entries); decode-state bytes per row (KiB)',
+      '',
+      '| output slots L | sliding layers | global layers | cross (encoder) '
+      '| total | sliding / at first L | global / at first L |',
+      '|---|---|---|---|---|---|---|',
+    ]
+    for x in r['lengths']:
+      lines.append(
+        f'| {x["length"]} | {x["sliding"] / kib:.1f} | '
+        f'{x["global"] / kib:.1f} | {x["cross"] / kib:.1f} | '
+        f'{x["total"] / kib:.1f} | {x["sliding"] / first["sliding"]:.2f} | '
+        f'{x["global"] / first["global"]:.2f} |'
+      )
+    lines.append('')
+  return '\n'.join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
     prog='spec-decode bench memory', description=__doc__
@@ -150,13 +276,36 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument('--scale', type=int, default=16)
   parser.add_argument('--out', default='bench_memory.json')
+  parser.add_argument(
+    '--only',
+    choices=('plan', 't5gemma'),
+    default=None,
+    help='one part: the capacity plan, or the T5Gemma state (default both)',
+  )
+  parser.add_argument(
+    '--window', type=int, default=32, help="T5Gemma's sliding window W"
+  )
+  parser.add_argument(
+    '--ring_margin',
+    type=int,
+    default=8,
+    help="T5Gemma's ring margin G (8: chains up to gamma 7)",
+  )
   args = parser.parse_args(argv)
+  if args.window < 1 or args.ring_margin < 1:
+    parser.error('--window and --ring_margin must be >= 1')
   flag = f'--xla_force_host_platform_device_count={args.devices}'
   if flag not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + ' ' + flag
-  rows = run(args.scale)
+  results = {}
+  if args.only in (None, 'plan'):
+    results['scale'] = args.scale
+    results['rows'] = run(args.scale)
+    print(markdown(results['rows'], args.scale) + '\n')
+  if args.only in (None, 't5gemma'):
+    results['t5gemma'] = t5gemma_run(args.window, args.ring_margin)
+    print(t5gemma_markdown(results['t5gemma']))
   with open(args.out, 'w', encoding='utf-8') as f:
-    json.dump({'scale': args.scale, 'rows': rows}, f, indent=2)
-  print(markdown(rows, args.scale))
-  print(f'\nwrote {args.out}')
+    json.dump(results, f, indent=2)
+  print(f'wrote {args.out}')
   return 0

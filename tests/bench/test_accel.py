@@ -11,6 +11,8 @@ import json
 import os
 import time
 
+import jax
+import numpy as np
 import pytest
 
 import spec_decode as sd
@@ -221,6 +223,69 @@ def test_full_plan_puts_the_xxl_core_first(tmp_path):
   assert order[10] == 'identity_bfloat16/rows'
   # The core has no share: it runs against the whole budget.
   assert not {k.split('/')[0] for k in order[:11]} & set(plan.boxes)
+  # The T5Gemma section comes after every T5 section, in its own share.
+  gemma = [k for k in order if k.startswith('t5gemma/')]
+  assert order[-len(gemma) :] == gemma
+  assert gemma == [
+    't5gemma/draft', 't5gemma/init', 't5gemma/v(1)', 't5gemma/v(8)',
+    't5gemma/v(2)', 't5gemma/v(4)', 't5gemma/v(16)', 't5gemma/c',
+    't5gemma/alpha 0.75 gamma 7', 't5gemma/alpha 0.5', 't5gemma/alpha 0.9',
+  ]  # fmt: skip
+  assert plan.boxes['t5gemma'] > 0
+
+
+def test_t5gemma_pair_is_9b_2b_with_s_s_and_fits_an_h100():
+  plan = plan_lib.full()
+  target, draft = plan.t5gemma_target, plan.t5gemma_draft
+  assert (target.encoder.num_layers, target.encoder.emb_dim) == (42, 3584)
+  assert (target.decoder.num_layers, target.decoder.emb_dim) == (26, 2304)
+  assert (draft.decoder.num_layers, draft.decoder.emb_dim) == (8, 512)
+  assert target.vocab_size == draft.vocab_size == 256_000
+  assert str(target.param_dtype) == str(draft.param_dtype) == 'bfloat16'
+
+  def nbytes(config):
+    params = jax.eval_shape(lambda: sd.T5GemmaModel.init(config, seed=0).params)
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+  # plan.py's comment: 12.29B parameters in bfloat16, and the draft.
+  assert nbytes(target) == 2 * 12_292_375_296
+  total = nbytes(target) + nbytes(draft)
+  assert total < 78 * 2**30 / 3, total / 2**30
+
+
+@pytest.mark.parametrize(
+  'name,size', [('t5gemma_target', '9b_2b'), ('t5gemma_draft', 's_s')]
+)
+def test_t5gemma_pair_is_what_its_size_files_build(name, size):
+  """The bench reads no gin (`plan.t5gemma_size` spells the values out);
+  the size files are the reference."""
+  from spec_decode import gin_cli
+  from spec_decode.t5gemma import config as config_lib
+
+  gin_cli.parse([f'models/t5gemma/{size}.gin'], [])
+  try:
+    want = gin_cli.configured(config_lib.T5GemmaConfig)()
+  finally:
+    gin_cli.parse([], [])
+  want = want.replace(dtype='bfloat16', param_dtype='bfloat16', cpu_sum_block=0)
+  assert getattr(plan_lib.full(), name) == want
+
+
+def test_t5gemma_real_widths_build_at_toy_depth():
+  """The T5Gemma section's programs, traced at the real widths (two
+  layers per stack: one sliding, one global)."""
+  plan = plan_lib.full()
+  target = plan_lib.toy_depth(plan.t5gemma_target, 2)
+  draft = plan_lib.toy_depth(plan.t5gemma_draft, 2)
+  assert target.decoder.layer_types == ('sliding', 'global')
+  got = shapes.build(target, draft, plan.core_gamma)
+  assert got['params']['encoder']['embedder']['embedding'].shape == (
+    256_000, 3584,
+  )  # fmt: skip
+  assert got['params']['decoder']['embedder']['embedding'].shape == (
+    256_000, 2304,
+  )  # fmt: skip
+  assert got['decodes'][0][0].shape == (1, 8)
 
 
 @pytest.mark.parametrize('size', plan_lib.SIZES)
@@ -246,6 +311,21 @@ def test_bandwidth_bound_counts_weights_and_cache():
   want = 2 * (24 * (6 * 4096 * 4096 + 3 * 4096 * 10240) + 32128 * 4096)
   assert nbytes == want
   assert cost.step_bytes(config, 2, 10, 6) == want + 2 * 2 * 24 * 2 * 16 * 4096
+  # T5Gemma 9B-2B's decoder: 26 layers of grouped-query attention (q and
+  # o 2304 x 2048, k and v 2304 x 1024), the cross-attention's q and o,
+  # GeGLU's 3 x 2304 x 9216, and the 256000 x 2304 tied head.
+  gemma = plan_lib.full().t5gemma_target
+  want = 2 * (
+    26 * (4 * 2304 * 2048 + 2 * 2304 * 1024 + 3 * 2304 * 9216) + 256_000 * 2304
+  )
+  assert cost.step_bytes(gemma, 1, 0, 0) == want
+  kv = 2 * 1024 * 2  # keys and values of 4 heads of 256, bfloat16
+  assert cost.step_bytes(gemma, 1, 10, 6) == want + 26 * (10 + 6) * kv
+  # Past the window a sliding layer reads its ring (4096 + 96 - 1), a
+  # global layer every slot.
+  assert cost.step_bytes(gemma, 1, 8192, 6) == want + kv * (
+    13 * (4191 + 6) + 13 * (8192 + 6)
+  )
   assert cost.nominal_bandwidth('NVIDIA H100 80GB HBM3') == 3.35e12
   assert cost.nominal_bandwidth('NVIDIA H200') == 4.8e12
   assert cost.nominal_bandwidth('Quantum abacus') is None
@@ -277,6 +357,31 @@ def test_restore_measures_float32_attention_logits(tmp_path):
   assert set(got['step_ms']['default']) == {'1', '3'}
 
 
+def test_suppress_eos_of_a_t5gemma_head():
+  """A toy T5Gemma whose EOS row dominates its tied head: every greedy
+  step picks EOS before, none after."""
+  from spec_decode.bench.accel import sizes
+  from spec_decode.bench.accel import weights
+
+  config = plan_lib.toy_t5gemma(2, 32).replace(
+    dtype='float32', param_dtype='float32'
+  )
+  model = weights.random_model(config, seed=0)
+  params = jax.tree.map(lambda x: x, model.params)
+  table = params['decoder']['embedder']['embedding']
+  params['decoder']['embedder']['embedding'] = table.at[1].set(
+    10 * table[5]
+  )  # EOS (1) points where token 5 does, ten times as far.
+  loud = sd.T5GemmaModel(config, params)
+  enc = np.arange(5, 17, dtype=np.int32).reshape(1, 12)
+  dec = np.array([[0, 5, 5, 5, 5]], np.int32)
+  assert (np.argmax(loud.logits(enc, dec), -1) == 1).any()
+  quiet = sizes.suppress_eos(loud)
+  assert not (np.argmax(quiet.logits(enc, dec), -1) == 1).any()
+  got = quiet.params['decoder']['embedder']['embedding']
+  np.testing.assert_array_equal(got[1], 0.5 * got[3])
+
+
 def test_an_alpha_item_without_a_wider_v_is_skipped(tmp_path):
   """Only v(1) measured (a loaded machine's short run): Theorem 3.8 has no
   gamma to choose, which is a skip with its reason, not a crash."""
@@ -293,3 +398,19 @@ def test_an_alpha_item_without_a_wider_v_is_skipped(tmp_path):
     bench.alpha_item(0.9).predict()
   bench.times[3] = 2e-4  # The negative control: with v(3) it predicts.
   assert bench.alpha_item(0.9).predict() > 0
+
+
+def test_t5gemma_items_skip_without_their_draft(tmp_path):
+  """The T5Gemma draft is made by its own (predicted) item; where that
+  item is left out, c and the speedups skip instead of making it."""
+  out = str(tmp_path / 'accel')
+  code = run.main([
+    '--tiny', '--skip', 'smoke', '--only', 't5gemma/c,t5gemma/alpha 0.9',
+    '--out_dir', out,
+  ])  # fmt: skip
+  assert code == 0
+  why = {x['item']: x['why'] for x in _doc(out)['skipped']
+         if x['section'] == 't5gemma'}  # fmt: skip
+  assert why['c'] == 'needs the draft (t5gemma_draft), not made'
+  assert why['alpha 0.9'] == 'needs v(1) and c, not measured'
+  assert 't5gemma_draft' not in _doc(out)['sections']

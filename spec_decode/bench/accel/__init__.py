@@ -6,7 +6,8 @@ the accel tests on a lent GPU.
 
   run.py        the command line, the models and the items in order
   runner.py     items run in order, each only where its prediction fits
-  plan.py       the sizes, the core, the time shares (`Deadline`)
+  plan.py       the sizes (T5, the T5Gemma pair), the core, the time
+                shares (`Deadline`)
   cost.py       predicted item seconds; a step's memory-bandwidth bound
   record.py     results written after every measurement (JSON, Markdown)
   report.py     the Markdown tables
@@ -14,7 +15,8 @@ the accel tests on a lent GPU.
   api_check.py  every JAX API the decode, bench and tests use, called once
   shapes.py     the real sizes' programs traced abstractly (the rehearsal)
   weights.py    random weights by one small program per shape (fast compile)
-  sizes.py      one target size: step time, v(k), c, speedups vs Theorem 3.8
+  sizes.py      one target (a T5 size or the T5Gemma pair's): step time,
+                v(k), c, speedups vs Theorem 3.8
   identity.py   greedy identity of speculative and plain output in a dtype
   pair.py       XXL/small: batching, trees vs chains, beam search
 """

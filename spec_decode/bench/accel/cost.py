@@ -25,6 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.t5gemma.cache import ring_size
+from spec_decode.t5gemma.config import T5GemmaConfig
+
 # Nominal HBM bandwidth in bytes/s by device kind (vendor data sheets),
 # matched by substring of `jax.devices()[0].device_kind`, most specific
 # first. Unknown kinds fall back to the bandwidth the smoke step measures.
@@ -74,11 +77,18 @@ def device_bandwidth(copy_bytes: int) -> float:
   return nominal_bandwidth(kind) or copy_bandwidth(copy_bytes)
 
 
+def layers(config) -> tuple[int, int]:
+  """(encoder layers, decoder layers) of a `T5Config` or `T5GemmaConfig`."""
+  if isinstance(config, T5GemmaConfig):
+    return config.encoder.num_layers, config.decoder.num_layers
+  return config.num_encoder_layers, config.num_decoder_layers
+
+
 def step_bytes(config, batch: int, length: int, encoder_length: int) -> int:
   """Bytes one decoder call over a few tokens must read.
 
   Args:
-    config: the `T5Config`.
+    config: the `T5Config` or `T5GemmaConfig`.
     batch: rows.
     length: self-attention positions the call attends to (cache length).
     encoder_length: encoder positions (cross-attention keys and values).
@@ -86,6 +96,8 @@ def step_bytes(config, batch: int, length: int, encoder_length: int) -> int:
   The cross-attention keys and values are computed once per decode
   (`prepare_decoder`), so their projection weights are not read per step.
   """
+  if isinstance(config, T5GemmaConfig):
+    return _t5gemma_step_bytes(config, batch, length, encoder_length)
   d, f = config.emb_dim, config.mlp_dim
   inner = config.num_heads * config.head_dim
   per_layer = (
@@ -100,6 +112,27 @@ def step_bytes(config, batch: int, length: int, encoder_length: int) -> int:
   return weights * config.param_dtype.itemsize + cache * config.dtype.itemsize
 
 
+def _t5gemma_step_bytes(config, batch, length, encoder_length) -> int:
+  """`step_bytes` of a T5Gemma decoder: grouped-query projections (K
+  key/value heads), version 1's cross-attention query and output (version
+  2's merged attention reuses the self-attention's), GeGLU's three
+  matrices, the tied head; a sliding layer reads its ring
+  (`t5gemma.cache.ring_size`), a global layer the whole cache."""
+  dec = config.decoder
+  d, q = dec.emb_dim, dec.num_heads * dec.head_dim
+  kv = dec.num_kv_heads * dec.head_dim
+  per_layer = 2 * d * q + 2 * d * kv + 3 * d * dec.mlp_dim
+  if not config.merged_attention:
+    per_layer += 2 * d * q
+  weights = dec.num_layers * per_layer + config.vocab_size * d
+  entries = sum(
+    ring_size(dec, t, length, config.ring_margin) + encoder_length
+    for t in dec.layer_types
+  )
+  cache = 2 * batch * entries * kv
+  return weights * config.param_dtype.itemsize + cache * config.dtype.itemsize
+
+
 def bound_seconds(config, batch, length, encoder_length, bandwidth):
   """`step_bytes` over `bandwidth` (bytes/s): the fastest a step can run."""
   if not bandwidth:
@@ -109,15 +142,15 @@ def bound_seconds(config, batch, length, encoder_length, bandwidth):
 
 def score_units(config) -> int:
   """Compile units of a program of one decoder call (embed and logits: 1)."""
-  return config.num_decoder_layers + 1
+  return layers(config)[1] + 1
 
 
 def decode_units(target, draft=None, gamma: int = 0, calls: int = 1) -> int:
   """Compile units of a decode: the encoders, `calls` target calls (one per
   gamma the program holds), and gamma + 1 unrolled draft steps."""
-  units = target.num_encoder_layers + calls * score_units(target)
+  units = layers(target)[0] + calls * score_units(target)
   if draft is not None:
-    units += draft.num_encoder_layers + (gamma + 1) * score_units(draft)
+    units += layers(draft)[0] + (gamma + 1) * score_units(draft)
   return units
 
 
@@ -155,7 +188,7 @@ class Predictor:
       return self.step[config]
     bound = bound_seconds(config, 1, 128, 24, self.bandwidth)
     # Unmeasured: three times the bound, plus launch overheads per layer.
-    return 3 * (bound or 0.0) + 2e-4 * config.num_decoder_layers
+    return 3 * (bound or 0.0) + 2e-4 * layers(config)[1]
 
   def compile(self, units: int) -> float:
     return self.rate * units

@@ -32,19 +32,19 @@ def _identity(name: str, s: dict[str, Any]) -> list[str]:
 
 
 def _sizes(sizes: dict[str, Any]) -> list[str]:
-  lines = ['### Targets with the T5-small draft (batch 1, greedy)', '']
+  lines = ['### Targets with their drafts (batch 1, greedy)', '']
   rows = []
   for name, s in sizes.items():
     v = s.get('v', {})
     one = s.get('step', {}).get('1', {})
     rows.append([
-      name, s.get('target_step_ms'), one.get('bound_ms'),
-      one.get('bound_share'), s.get('c'), v.get('2'), v.get('4'),
-      v.get('8'), v.get('16'),
+      s.get('target', name), s.get('draft', 'T5 v1.1 small'),
+      s.get('target_step_ms'), one.get('bound_ms'), one.get('bound_share'),
+      s.get('c'), v.get('2'), v.get('4'), v.get('8'), v.get('16'),
     ])  # fmt: skip
   lines += _table(
-    ['target', 'step ms', 'bound ms', 'bound/step', 'c', 'v(2)', 'v(4)',
-     'v(8)', 'v(16)'], rows,
+    ['target', 'draft', 'step ms', 'bound ms', 'bound/step', 'c', 'v(2)',
+     'v(4)', 'v(8)', 'v(16)'], rows,
   )  # fmt: skip
   for name, s in sizes.items():
     t2 = s.get('paper_table2')

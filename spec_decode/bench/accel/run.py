@@ -23,6 +23,9 @@ item, `section/item` as the JSON's timeline writes it:
   beam               speculative vs plain beam search at 4 beams
   identity_float32   the identity check in float32 (true float32 products)
   small, base, large, xl   the core of each size
+  t5gemma            a T5Gemma pair (`plan.full`: the 9B-2B target, the
+                     S-S draft): its draft, its init, the core, alphas 0.5
+                     and 0.9 (last: the T5 sections come first)
 
 Every item predicts its cost (compilation included) from the sizes and
 what earlier items measured, and is skipped, with the reason recorded,
@@ -74,6 +77,7 @@ SECTIONS = (
   'base',
   'large',
   'xl',
+  't5gemma',
 )
 
 
@@ -189,12 +193,25 @@ def main(argv: list[str] | None = None) -> int:
 
 class Models:
   """The models, made on first use (each made by an item where it can be,
-  so its cost is predicted and recorded), one large target at a time."""
+  so its cost is predicted and recorded), one large target at a time.
 
-  def __init__(self, rec: Recorder, plan: plan_lib.Plan, p: cost.Predictor):
+  `draft_key` is where the draft's figures are recorded; `targets`, when
+  given, is another `Models`' table of targets, so that one large target
+  at a time holds across both (the T5Gemma section's and the T5 sizes').
+  """
+
+  def __init__(
+    self,
+    rec: Recorder,
+    plan: plan_lib.Plan,
+    p: cost.Predictor,
+    draft_key: str = 'draft',
+    targets: dict[str, Any] | None = None,
+  ):
     self.rec, self.plan, self.p = rec, plan, p
-    self.targets: dict[str, sd.Model] = {}
-    self._draft: tuple[sd.Model, float] | None = None
+    self.draft_key = draft_key
+    self.targets: dict[str, Any] = {} if targets is None else targets
+    self._draft: tuple[Any, float] | None = None
     self.init_seconds: dict[str, float] = {}
 
   def draft(self) -> tuple[sd.Model, float]:
@@ -209,11 +226,18 @@ class Models:
       )[1]
       self.p.step[self.plan.draft] = seconds
       self._draft = (net, seconds)
-      self.rec.put('draft', None, {
+      self.rec.put(self.draft_key, None, {
         'config': self.plan.draft.to_dict(),
         'step_ms': seconds * 1e3,
         'init_seconds': self.init_seconds['draft'],
       })  # fmt: skip
+    return self._draft
+
+  def made_draft(self) -> tuple[Any, float]:
+    """`draft()` once an item has made it; raises `Skip` before (an item
+    that needs it then costs no unpredicted init)."""
+    if self._draft is None:
+      raise Skip(f'needs the draft ({self.draft_key}), not made')
     return self._draft
 
   def target(self, name: str) -> sd.Model:
@@ -231,11 +255,10 @@ class Models:
     """A target's init from the draft's (tracing grows with the layers,
     filling the weights with their bytes)."""
     cfg, d = self.plan.targets[name], self.plan.draft
-    layers = cfg.num_encoder_layers + cfg.num_decoder_layers
     base = (
       self.init_seconds.get('draft', 10.0)
-      * layers
-      / (d.num_encoder_layers + d.num_decoder_layers)
+      * sum(cost.layers(cfg))
+      / sum(cost.layers(d))
     )
     nbytes = cost.step_bytes(cfg, 1, 0, 0) * 2  # ~ encoder + decoder
     return self.p.margin * (base + 10 * nbytes / (self.p.bandwidth or 1e11))
@@ -297,6 +320,36 @@ def _identity_items(rec, plan, p, models) -> list[Item]:
   ]
 
 
+def _t5gemma_items(rec, plan, p, models) -> list[Item]:
+  """The T5Gemma section: its draft, its target's init, then what
+  `sizes.SizeBench` measures for a T5 size (v(k) at the core's k, c, the
+  Table 2 setting) and the further alphas; recorded as
+  `sections['sizes']['t5gemma']` and its draft as `t5gemma_draft`."""
+  if plan.t5gemma_target is None:
+    return []
+  pair_plan = plan_lib.t5gemma_pair(plan)
+  gemma = Models(
+    rec, pair_plan, p, draft_key='t5gemma_draft', targets=models.targets
+  )
+  draft_cfg = pair_plan.draft
+  target_name, draft_name = plan.t5gemma_names
+  # The draft is its own item's (first, predicted); later items only read
+  # it, and skip where that item did not fit.
+  bench = sizes.SizeBench(
+    rec, pair_plan, p, 't5gemma', lambda: gemma.target('t5gemma'),
+    gemma.made_draft, target_name=target_name, draft_name=draft_name,
+  )  # fmt: skip
+  draft = Item(
+    't5gemma',
+    'draft',
+    lambda: p.predict(2 * cost.score_units(draft_cfg) + 8, 64, draft_cfg),
+    lambda box: gemma.draft(),
+  )
+  return [draft, gemma.init_item('t5gemma')] + bench.items(
+    plan.core_ks, plan.alphas, core=True
+  )
+
+
 def items(rec: Recorder, plan: plan_lib.Plan) -> list[Item]:
   """Every item of the run, in order (the module doc)."""
   p = cost.Predictor(rate=plan.compile_rate)
@@ -336,4 +389,4 @@ def items(rec: Recorder, plan: plan_lib.Plan) -> list[Item]:
     if name != 'xxl':
       out += [models.init_item(name)]
       out += benches[name].items(plan.core_ks, (), core=True)
-  return out
+  return out + _t5gemma_items(rec, plan, p, models)

@@ -6,7 +6,8 @@ controlled drafts index past) would wait for the GPU. `build` traces, with
 `jax.eval_shape` (no memory, no arithmetic), each size's init and the
 programs the bench compiles for it: the v(k) and tree scoring loops, plain
 and speculative decoding, at the real widths and a toy depth
-(`plan.toy_depth`).
+(`plan.toy_depth`); a T5Gemma pair's configs build `T5GemmaModel`s
+(`weights.model_class`).
 """
 
 from typing import Any
@@ -14,8 +15,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-import spec_decode as sd
 from spec_decode.bench import controlled
+from spec_decode.bench.accel import weights
 from spec_decode.chain import loops
 from spec_decode.core import inputs
 from spec_decode.core import tree_shape
@@ -28,8 +29,12 @@ def build(
 ) -> dict[str, Any]:
   """Output shapes of every program of one size (see the module doc)."""
 
+  target_cls = weights.model_class(target_config)
+  draft_cls = weights.model_class(draft_config)
+
   def params(config):
-    return jax.eval_shape(lambda: sd.Model.init(config, seed=0).params)
+    cls = weights.model_class(config)
+    return jax.eval_shape(lambda: cls.init(config, seed=0).params)
 
   tp, dp = params(target_config), params(draft_config)
   enc = jnp.full((1, 24), 5, jnp.int32)
@@ -40,10 +45,10 @@ def build(
   out: dict[str, Any] = {'params': tp}
 
   def models(t, d):
-    return sd.Model(target_config, t), sd.Model(draft_config, d)
+    return target_cls(target_config, t), draft_cls(draft_config, d)
 
   def steps(t):
-    target = sd.Model(target_config, t)
+    target = target_cls(target_config, t)
     state = timing.primed_state(target, 1, 16, 16 + gamma + 4)
     chain = timing.repeated_score(target, state, gamma + 1, 2)
     tree = timing.repeated_score(

@@ -31,6 +31,7 @@ from spec_decode.bench.accel.record import Recorder
 from spec_decode.bench.accel.runner import Item
 from spec_decode.bench.accel.runner import Skip
 from spec_decode.policy import timing
+from spec_decode.t5gemma.config import EOS_ID as T5GEMMA_EOS_ID
 
 # The paper's Table 2 setting (T5-XXL/T5-small, WMT EnDe, greedy, TPU-v4):
 # gamma 7 at alpha 0.75, c 0.02, expected 3.2x, measured 3.4x.
@@ -63,9 +64,13 @@ def timed_compile(fn, repeats: int, predictor, units: int):
   return seconds, out, first
 
 
-def suppress_eos(model: sd.Model) -> sd.Model:
+def suppress_eos(model):
   """`bench.peer.suppress_eos` on the device (no host copy of the weights):
-  EOS is never the argmax, so greedy decodes run to full length."""
+  EOS is never the argmax, so greedy decodes run to full length. A T5Gemma
+  model's EOS row of its head (the tied embedding, or the untied head's
+  column) becomes half of another token's row, as T5's column does."""
+  if isinstance(model, sd.T5GemmaModel):
+    return _suppress_eos_t5gemma(model)
   params = dict(model.params)
   decoder = dict(params['decoder'])
   dense = dict(decoder['logits_dense'])
@@ -74,6 +79,23 @@ def suppress_eos(model: sd.Model) -> sd.Model:
   decoder['logits_dense'] = dense
   params['decoder'] = decoder
   return model.with_params(params)
+
+
+def _suppress_eos_t5gemma(model):
+  eos, other = T5GEMMA_EOS_ID, 3  # 3: Gemma's <unk>, as T5's UNK_ID.
+  params = jax.tree.map(lambda x: x, model.params)  # New dicts, same leaves.
+  if not model.config.tie_head:
+    head = params['decoder']['head']
+    head['kernel'] = (
+      head['kernel'].at[:, eos].set(0.5 * head['kernel'][:, other])
+    )
+  else:
+    owner = params if model.config.shared_embedding else params['decoder']
+    table = owner['embedder']['embedding']
+    owner['embedder']['embedding'] = table.at[eos].set(0.5 * table[other])
+  return sd.T5GemmaModel(
+    model.config, params, model.vocabulary, partitioner=model.partitioner
+  )
 
 
 def best_gamma(
@@ -93,16 +115,27 @@ class SizeBench:
   """One target size's items (see the module doc).
 
   Attributes:
-    out: `sections['sizes'][name]`: `config`, `target_step_ms`, `c`,
-      `v` {k: v(k)}, `step` {k: {ms, bound_ms, bound_share}},
-      `paper_table2`, `speedup` {alpha: row}, `plain_seconds`.
+    out: `sections['sizes'][name]`: `config`, `target` and `draft` (their
+      names; the target's defaults to `name`),
+      `target_step_ms`, `c`, `v` {k: v(k)}, `step` {k: {ms, bound_ms,
+      bound_share}}, `paper_table2`, `speedup` {alpha: row},
+      `plain_seconds`.
   """
 
   def __init__(
-    self, rec: Recorder, plan: Plan, predictor, name: str, get_target, draft
+    self,
+    rec: Recorder,
+    plan: Plan,
+    predictor,
+    name: str,
+    get_target,
+    draft,
+    target_name: str | None = None,
+    draft_name: str = 'T5 v1.1 small',
   ):
     """`get_target()` returns the (EOS-suppressed) target, `draft()` the
-    draft network and its step seconds (both made on first use)."""
+    draft network and its step seconds (both made on first use);
+    `plan.targets[name]` and `plan.draft` are their configs."""
     self.rec, self.plan, self.predictor, self.name = rec, plan, predictor, name
     self.config = plan.targets[name]
     self.get_target, self.draft = get_target, draft
@@ -110,6 +143,8 @@ class SizeBench:
     self.plain: tuple[float, Any] | None = None
     self.out: dict[str, Any] = {
       'config': self.config.to_dict(),
+      'target': target_name or name,
+      'draft': draft_name,
       'v': {},
       'step': {},
       'speedup': {},
