@@ -28,9 +28,9 @@ def output_accepted(accepted: jax.Array, kept: jax.Array) -> jax.Array:
 
   Args:
     accepted: `[B]` draft tokens the verifier accepted, a.
-    kept: `[B]` tokens of the block the row kept (`core.buffer.commit_block`:
-      at most a + 1, fewer after an EOS or at max_decode_len; 0 for a row
-      already done).
+    kept: `[B]` tokens of the block the row kept
+      (`core.loop_state.commit_block`: at most a + 1, fewer after an EOS or
+      at max_decode_len; 0 for a row already done).
 
   Returns:
     min(a, kept): where the row ended inside the accepted block (kept <= a)

@@ -117,7 +117,7 @@ def decode_auto(model, draft, enc, keys, settings, batch):
   same loop state, with the same keys. When the chosen tree is shallower,
   its first iteration re-synchronises the drafter with the committed
   prefix (the calibration may have accepted more tokens than the new tree
-  is deep; `tree.loop.iterate`).
+  is deep; `tree.loop.Iteration.iterate`).
 
   Exact: the choice reads the calibration iterations' counts of tested and
   accepted nodes (and costs timed with other keys), which depend only on
