@@ -1,6 +1,7 @@
 """Chains: plain, fixed-gamma and gamma='auto' decoding, and `generate`.
 
-state.py       the carry of each loop (PlainState, SpecState, AutoState)
+Their carries (PlainState, SpecState, AutoState) are `core.loop_state`'s.
+
 plain.py       plain decoding: one target step per token
 steps.py       one speculative iteration; a plain step inside one
 fixed.py       the fixed-gamma loop

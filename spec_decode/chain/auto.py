@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spec_decode.chain import state as state_lib
 from spec_decode.chain import steps
-from spec_decode.core import buffer
 from spec_decode.core import drafter
+from spec_decode.core import loop_state
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import LanguageModel
@@ -64,14 +63,14 @@ def auto_decode(
   # plain (gamma 0) steps it is caught up before drafting.
   lm_draft = None if drafter.is_drafter(draft) else draft
 
-  def drafting(state: state_lib.AutoState, g: int) -> state_lib.AutoState:
+  def drafting(state: loop_state.AutoState, g: int) -> loop_state.AutoState:
     if lm_draft is None:
       return it.draft(state, g)
     state = state.replace(draft=_catch_up(lm_draft, state, gmax))
     new = it.draft(state, g)
     return new.replace(draft_synced=new.length - 1)
 
-  def choice(state: state_lib.AutoState) -> jax.Array:
+  def choice(state: loop_state.AutoState) -> jax.Array:
     return finish_time.choose(
       state.counters.beta_sum,
       jnp.sum(state.counters.position_tries, axis=1),
@@ -93,7 +92,7 @@ def auto_decode(
     functools.partial(drafting, g=k) for k in range(1, gmax + 1)
   ]
 
-  def policy_step(state: state_lib.AutoState, g: int) -> state_lib.AutoState:
+  def policy_step(state: loop_state.AutoState, g: int) -> loop_state.AutoState:
     """One iteration at gamma `g`, then the policy's next choice."""
     active = ~state.done
     new = branches[g](state)
@@ -108,12 +107,10 @@ def auto_decode(
     new = new.replace(counters=counters, policy_idle=idle)
     return new.replace(policy_gamma=choice(new))
 
-  def not_finished(state: state_lib.AutoState) -> jax.Array:
-    return state_lib.not_finished(state, settings) & (
-      state.step < policy.max_iterations
-    )
+  def not_finished(state: loop_state.AutoState) -> jax.Array:
+    return loop_state.not_finished(state, settings, policy.max_iterations)
 
-  def policy_pass(state: state_lib.AutoState) -> state_lib.AutoState:
+  def policy_pass(state: loop_state.AutoState) -> loop_state.AutoState:
     # One inner loop per gamma, each running while the policy keeps
     # choosing it, instead of a `lax.switch` over the gammas: a branch of a
     # conditional cannot update the caches it is given in place (XLA copies
@@ -127,25 +124,21 @@ def auto_decode(
       )
     return state
 
-  start = it.init(with_gammas=True)
   batch = encoder_tokens.shape[0]
-  state = state_lib.AutoState(
-    **state_lib.shared_fields(start),
-    draft=start.draft,
-    counters=start.counters,
-    features=start.features,
-    provenance=start.provenance,
+  state = it.init(
+    with_gammas=True,
+    state_type=loop_state.AutoState,
     draft_synced=(None if lm_draft is None else jnp.zeros((batch,), jnp.int32)),
     policy_idle=jnp.zeros((), jnp.int32),
     policy_gamma=jnp.zeros((), jnp.int32),
   )
   state = state.replace(policy_gamma=choice(state))
   state = lax.while_loop(not_finished, policy_pass, state)
-  tokens, lengths = state_lib.outputs(state, settings)
+  tokens, lengths = loop_state.outputs(state, settings)
   return tokens, lengths, state.counters, state.provenance
 
 
-def _catch_up(model, state: state_lib.AutoState, gmax: int):
+def _catch_up(model, state: loop_state.AutoState, gmax: int):
   """`model`'s decode state fed the inputs it missed during plain steps.
 
   `state.draft_synced [B]` counts the leading inputs the draft's cache
@@ -167,7 +160,7 @@ def _catch_up(model, state: state_lib.AutoState, gmax: int):
     idx = jnp.minimum(synced, need)
     cols = jnp.minimum(idx[:, None] + jnp.arange(k)[None], width - 1)
     _, ds = model.score(
-      model.rollback(ds, idx), buffer.gather(state.inputs, cols)
+      model.rollback(ds, idx), loop_state.gather(state.inputs, cols)
     )
     return ds, jnp.minimum(idx + k, need)
 

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 from jax import lax
 
-from spec_decode.chain import state as state_lib
 from spec_decode.chain import steps
+from spec_decode.core import loop_state
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.protocol import LanguageModel
@@ -39,9 +39,9 @@ def fixed_decode(
   """
   it = steps.Iteration.create(target, draft, encoder_tokens, row_keys, settings)
   state = lax.while_loop(
-    lambda s: state_lib.not_finished(s, settings),
+    lambda s: loop_state.not_finished(s, settings),
     lambda s: it.draft(s, settings.gamma),
     it.init(),
   )
-  tokens, lengths = state_lib.outputs(state, settings)
+  tokens, lengths = loop_state.outputs(state, settings)
   return tokens, lengths, state.counters, state.provenance

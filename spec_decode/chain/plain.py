@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spec_decode.chain import state as state_lib
-from spec_decode.core import buffer
+from spec_decode.core import loop_state
 from spec_decode.core import sampling
 from spec_decode.core import verified_block
 from spec_decode.core.decode_settings import DecodeSettings
@@ -20,7 +19,7 @@ from spec_decode.core.protocol import LanguageModel
 
 def target_step(
   target: LanguageModel,
-  state: state_lib.PlainState,
+  state: loop_state.PlainState,
   row_keys: jax.Array,
   settings: DecodeSettings,
   with_features: bool = False,
@@ -33,7 +32,7 @@ def target_step(
     `with_features`).
   """
   n = state.length
-  newest = buffer.gather(state.inputs, n[:, None])
+  newest = loop_state.gather(state.inputs, n[:, None])
   tgt = target.rollback(state.target, n)
   features = None
   if with_features:
@@ -45,7 +44,7 @@ def target_step(
     row_keys, (n + 1)[:, None], verified_block.SAMPLE
   )[:, 0]
   token, _ = sampling.draw_tokens(settings.sampler, keys, logits[:, 0])
-  inputs, length, done, _ = buffer.commit_block(
+  inputs, length, done, _ = loop_state.commit_block(
     state, token[:, None], jnp.ones_like(n), settings
   )
   new = state.replace(
@@ -71,10 +70,10 @@ def plain_decode(
   Returns:
     tokens `[B, M]` (pad after EOS) and lengths `[B]`.
   """
-  state = state_lib.init_plain(target, encoder_tokens, settings)
+  state = loop_state.init_plain(target, encoder_tokens, settings)
   state = lax.while_loop(
-    lambda s: state_lib.not_finished(s, settings),
+    lambda s: loop_state.not_finished(s, settings),
     lambda s: target_step(target, s, row_keys, settings)[0],
     state,
   )
-  return state_lib.outputs(state, settings)
+  return loop_state.outputs(state, settings)

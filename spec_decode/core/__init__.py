@@ -10,13 +10,12 @@ through `protocol.LanguageModel` and to drafters only through
   sampling.py        logits -> distribution (argmax, temperature, top-k/p)
   rejection.py       Algorithm 1: accept/reject, residual, bonus token
   verified_block.py  one proposed block verified, with the per-row draw keys
-  buffer.py          the decoder-input buffer; appending a verified block
+  loop_state.py      the loops' carry and token buffer; committing a block
   counters.py        what a speculative decode counts (loop and host)
   provenance.py      where each output token came from (Figure 1)
-  decode_settings.py the static settings of a decode
+  decode_settings.py the static settings of a decode; pad, EOS and unk ids
   inputs.py          checks of the caller's inputs; per-row keys from a seed
   tree_shape.py      token-tree shapes and their static tables
   tree_draft.py      children of every tree node drawn from draft logits
   placement.py       the mesh interface the decodes need; host arrays
-  ids.py             pad/start, EOS and unk ids
 """

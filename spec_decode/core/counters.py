@@ -1,8 +1,9 @@
 """What a speculative decode counts, in the loop and on the host.
 
 `SpecCounters` is the loop's carry (per row, on the device; the chain loops
-and the tree loop fill it alike, a tree's depth d playing a chain's position
-d); `SpecStats` is what `generate` returns, the counters summed on the host
+and the tree loop fill it alike through `SpecCounters.counted`, a tree's
+depth d playing a chain's position d, and the tree loop adds its per-node
+counts); `SpecStats` is what `generate` returns, the counters summed on the host
 into the paper's quantities (alpha, tokens per call, per-position acceptance).
 
 Convention: a draft token counts as accepted only where the row output it. A
@@ -27,9 +28,9 @@ def output_accepted(accepted: jax.Array, kept: jax.Array) -> jax.Array:
 
   Args:
     accepted: `[B]` draft tokens the verifier accepted, a.
-    kept: `[B]` tokens of the block the row kept (`core.buffer.commit_block`:
-      at most a + 1, fewer after an EOS or at max_decode_len; 0 for a row
-      already done).
+    kept: `[B]` tokens of the block the row kept
+      (`core.loop_state.commit_block`: at most a + 1, fewer after an EOS or
+      at max_decode_len; 0 for a row already done).
 
   Returns:
     min(a, kept): where the row ended inside the accepted block (kept <= a)
@@ -56,6 +57,13 @@ class SpecCounters:
       iteration unless the drafter proposes fewer).
     gamma_histogram: `[B, G + 1]` iterations run at each gamma while the row
       was active (gamma='auto'; None with a fixed gamma).
+    node_tries: `[B, N]` iterations that tested node i + 1 of a tree of N
+      nodes inside what the row output (the tree loop; None for chains).
+    node_accepts: `[B, N]` iterations that accepted node i + 1 and output
+      it (the tree loop; None for chains).
+
+  A tree decode's G is its depth D: position d is depth d + 1, tested when
+  any node there was tested.
   """
 
   iterations: jax.Array
@@ -65,21 +73,70 @@ class SpecCounters:
   beta_sum: jax.Array
   proposed: jax.Array
   gamma_histogram: jax.Array | None = None
+  node_tries: jax.Array | None = None
+  node_accepts: jax.Array | None = None
 
   @classmethod
   def zeros(
-    cls, batch: int, gamma: int, with_gammas: bool = False
+    cls, batch: int, gamma: int, with_gammas: bool = False, num_nodes: int = 0
   ) -> 'SpecCounters':
+    """Zero counters `gamma` positions wide; with the gamma histogram
+    (`with_gammas`) and the per-node counts of a tree (`num_nodes` > 0)."""
+    z = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
     return cls(
-      iterations=jnp.zeros((batch,), jnp.int32),
-      accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32),
-      position_tries=jnp.zeros((batch, gamma), jnp.int32),
-      position_accepts=jnp.zeros((batch, gamma), jnp.int32),
+      iterations=z(),
+      accepted_histogram=z(gamma + 1),
+      position_tries=z(gamma),
+      position_accepts=z(gamma),
       beta_sum=jnp.zeros((batch,), jnp.float32),
-      proposed=jnp.zeros((batch,), jnp.int32),
-      gamma_histogram=(
-        jnp.zeros((batch, gamma + 1), jnp.int32) if with_gammas else None
-      ),
+      proposed=z(),
+      gamma_histogram=z(gamma + 1) if with_gammas else None,
+      node_tries=z(num_nodes) if num_nodes else None,
+      node_accepts=z(num_nodes) if num_nodes else None,
+    )
+
+  def counted(
+    self,
+    active: jax.Array,
+    accepted: jax.Array,
+    kept: jax.Array,
+    tested: jax.Array,
+    beta: jax.Array,
+    proposed: jax.Array,
+  ) -> 'SpecCounters':
+    """The counters after one speculative iteration (chain or tree).
+
+    Args:
+      active: `[B] bool` rows not done before the iteration.
+      accepted: `[B]` draft tokens the verifier accepted, a.
+      kept: `[B]` tokens of the block the row kept (`output_accepted`).
+      tested: `[B, W] bool` position i (a tree's depth i + 1) was tested:
+        proposed, its prefix accepted; W <= G (a narrower iteration under
+        gamma='auto' counts in the first W positions).
+      beta: `[B, W]` the verifier's beta per position.
+      proposed: `[B]` draft tokens (tree nodes) proposed.
+    """
+    width = self.position_tries.shape[1]
+    # Position i counts only inside what the row kept (module docstring).
+    offsets = jnp.arange(tested.shape[1])[None]
+    tested = tested & (offsets < kept[:, None]) & active[:, None]
+    accepts = tested & (offsets < accepted[:, None])
+    act = active.astype(jnp.int32)
+
+    def pad(x):  # [B, W] -> [B, G]
+      return jnp.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+    return self.replace(
+      iterations=self.iterations + act,
+      accepted_histogram=self.accepted_histogram
+      + jax.nn.one_hot(
+        output_accepted(accepted, kept), width + 1, dtype=jnp.int32
+      )
+      * act[:, None],
+      position_tries=self.position_tries + pad(tested),
+      position_accepts=self.position_accepts + pad(accepts),
+      beta_sum=self.beta_sum + jnp.sum(jnp.where(tested, beta, 0.0), axis=1),
+      proposed=self.proposed + proposed * act,
     )
 
 

@@ -7,7 +7,7 @@ it rejected a draft token (the rejected draft token is kept in `rejected
 token was accepted, or a plain target step (gamma 0). The flag `START`
 marks the first token of each iteration (one target call), so the
 iterations of a row can be read back. In the loops the two arrays share the
-decoder-input buffer's layout (`core.buffer`: index k is output token k,
+decoder-input buffer's layout (`core.loop_state`: index k is output token k,
 1-based) and are written with the tokens, block by block; tokens dropped
 after an EOS or past M leave no record.
 
@@ -74,7 +74,7 @@ class Record:
   ) -> 'Record':
     """The first `kept [B]` entries of `codes [B, W]` (and `rejected`,
     `rank`) written at output positions `length + 1 ...` of each row, as
-    `core.buffer.commit_block` writes the tokens."""
+    `core.loop_state.commit_block` writes the tokens."""
     new = {'codes': codes.astype(jnp.int8)}
     if rejected is not None:
       new['rejected'] = rejected.astype(jnp.int32)

@@ -14,12 +14,15 @@ One decode (`tree.generation.decode_auto`), in two parts:
    tokens per call are 1 + the sum over nodes. `best_trees` finds, for
    every budget n, the tree of at most n nodes with the most expected
    tokens (a dynamic program, as Sequoia's).
-3. Cost of an iteration with n nodes at depth D: whole tree-loop
-   iterations (the drafter's tree, the target's tree call, verification,
-   the commit) are timed at this batch size and sampler for chains of
-   depth 1, 2, 4, 8 and stars of 4, 16, 32 nodes (median of calls inside a
-   compiled loop, with keys of their own), and t(n, D) = a + b n + c D is
-   fitted to them.
+3. Cost of an iteration with n nodes at depth D: the tree loop's own
+   iterations (`tree.loop.Iteration.step`: the drafter's tree, the
+   target's tree call, verification, the commit and its records) are
+   timed at this batch size and sampler for chains of depth 1, 2, 4, 8
+   and stars of 4, 16, 32 nodes, on the first iterations of runs of the
+   compiled loop from the decode's inputs with keys of their own, through
+   `policy.loop_costs.measure` as gamma='auto''s costs are (rounds,
+   medians, the setup subtracted, non-decreasing along the chains and
+   along the stars), and t(n, D) = a + b n + c D is fitted to them.
 4. Over every budget n <= `MAX_NODES` and depth cap D <= `MAX_DEPTH`, the
    best tree (step 2 with depths beyond the cap removed) with the most
    expected tokens per second is chosen, and the decode goes on with it
@@ -36,17 +39,13 @@ import dataclasses
 import functools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from spec_decode.core import drafter as drafter_lib
-from spec_decode.core import model_drafter
+from spec_decode.core import inputs
 from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.decode_settings import DecodeSettings
-from spec_decode.policy import timing
-from spec_decode.tree import verification as tree_verification
+from spec_decode.policy import loop_costs
+from spec_decode.tree import loop
 
 CALIBRATION = (4, 2, 2, 1, 1, 1)
 # The calibration decodes the first max(1, M // CALIBRATION_SHARE)
@@ -54,8 +53,6 @@ CALIBRATION = (4, 2, 2, 1, 1, 1)
 CALIBRATION_SHARE = 16
 MAX_NODES = 32
 MAX_DEPTH = 8
-_REPEATS = 5
-_CALLS = 4
 
 
 def best_trees(acceptance: np.ndarray, budget: int) -> list[tuple]:
@@ -120,89 +117,83 @@ def extend(rank_acceptance: np.ndarray) -> np.ndarray:
   return np.concatenate([acc, tail], 0)
 
 
-@functools.partial(jax.jit, static_argnames=('settings', 'shape', 'calls'))
-def _repeated_iterations(target, proposer, states, context, row_keys,
-                         settings, shape, calls: int):  # fmt: skip
-  """`calls` tree-loop iterations (draft, target call, verify, commit) on
-  one fixed context, inside one compiled loop; each reads the states the
-  previous one wrote, so XLA cannot hoist the work out."""
-  n = context.length
-  nodes_root = jnp.take_along_axis(context.inputs, n[:, None], axis=1)
-  attention = shape.target_attention()
-
-  def body(_, carry):
-    (tgt, ds), acc = carry
-    proposal, ds = proposer.propose_tree(ds, context, settings, shape)
-    nodes = jnp.concatenate([nodes_root, proposal.tokens], axis=1)
-    tgt = target.rollback(tgt, n)
-    logits, tgt = target.score_tree(tgt, nodes, attention)
-    result = tree_verification.verify_tree(
-      shape,
-      settings.sampler,
-      logits,
-      proposal.tokens,
-      proposal.q,
-      proposal.valid,
-      row_keys,
-      n,
-    )
-    tgt = target.commit_tree(tgt, result.path, result.accepted + 1)
-    return (tgt, ds), acc + result.next_token[0]
-
-  return lax.fori_loop(0, calls, body, (states, jnp.int32(0)))[1]
-
-
 # Shapes timed for the cost fit: chains (cost per depth) and stars (cost
 # per node at depth 1).
 TIMED = tuple((1,) * d for d in (1, 2, 4, 8)) + tuple((w,) for w in (4, 16, 32))
+# The timing decodes' seed (their draws are theirs, not the decode's).
+_TIMING_SEED = 0x5EED
+
+
+def _families(shapes) -> list[dict[int, tuple]]:
+  """`shapes` (branching tuples) as families whose cost grows with one
+  index, as `policy.loop_costs.measure`'s gammas do: chains by depth,
+  one-level stars by width, any other tree alone (index 1)."""
+  chains, stars, others = {}, {}, []
+  for branching in shapes:
+    if all(b == 1 for b in branching):
+      chains[len(branching)] = branching
+    elif len(branching) == 1:
+      stars[branching[0]] = branching
+    else:
+      others.append({1: branching})
+  return [f for f in (chains, stars) if f] + others
 
 
 def iteration_seconds(
-  target, draft, enc, settings: DecodeSettings, shapes=TIMED
+  target,
+  draft,
+  enc,
+  settings: DecodeSettings,
+  shapes=TIMED,
+  repeats: int = loop_costs.REPEATS,
+  iterations: int = loop_costs.TIMING_ITERATIONS,
+  retry_rounds: int = loop_costs.RETRY_ROUNDS,
 ) -> dict[tuple, float]:
   """Seconds of one tree-loop iteration for each branching tuple in
-  `shapes`, at this batch size and sampler (median of calls inside a
-  compiled loop, after a warm-up)."""
-  proposer = model_drafter.as_drafter(draft)
-  batch = enc.shape[0]
-  prefix = 16
-  length = prefix + MAX_NODES + MAX_DEPTH + 4
-  inputs = jnp.full((batch, length), 5, jnp.int32).at[:, 0].set(0)
-  tgt = target.init_state(enc, length)
-  tgt = target.score(tgt, inputs[:, :prefix])[1]
-  ds = proposer.init_draft(enc, length)
-  row_keys = jax.random.split(jax.random.key(0), batch)
+  `shapes`, at this batch size and sampler.
+
+  `policy.loop_costs.measure` (as gamma='auto''s costs) over runs of the
+  tree loop itself (`tree.loop.start_and_iterate_jit`: the decode's
+  iteration, at most `iterations` of them from the decode's inputs, with
+  keys of their own), one family of shapes at a time (`_families`: a
+  family's index plays the gamma). Every run has room for the largest tree
+  `choose` considers, so that their setups (timed once per round and
+  subtracted) are alike.
+
+  Args:
+    target: the target.
+    draft: the draft (model or drafter).
+    enc: `[B, S]` the decode's inputs (placed as the decode places them).
+    settings: the decode's settings.
+    shapes: the branching tuples to time.
+    repeats: timed rounds (medians).
+    iterations: iterations per timing run.
+    retry_rounds: more rounds for the suspects (0: none).
+  """
+  keys = inputs.row_keys(_TIMING_SEED, enc.shape[0])
   out = {}
-  for branching in shapes:
-    shape = tree_lib.from_branching(branching)
-    s = dataclasses.replace(
-      settings, gamma=shape.depth, max_decode_len=prefix + 4
+  for family in _families(shapes):
+
+    def run(index: int, limit: int, family=family) -> int:
+      # `measure`'s setup run (index 0, no iterations) and its first
+      # compile (index 1) run the family's first shape where it has none.
+      shape = tree_lib.from_branching(family.get(index, min(family.items())[1]))
+      state = loop.start_and_iterate_jit(
+        target,
+        draft,
+        enc,
+        keys,
+        settings=dataclasses.replace(settings, gamma=shape.depth),
+        shape=shape,
+        room=(MAX_NODES, MAX_DEPTH),
+        max_iterations=limit,
+      )
+      return int(np.asarray(state.counters.iterations).max(initial=0))
+
+    seconds = loop_costs.measure(
+      run, sorted(family), max(family), repeats, iterations, retry_rounds
     )
-    context = drafter_lib.DraftContext(
-      inputs=inputs,
-      length=jnp.full((batch,), prefix, jnp.int32),
-      encoder_tokens=enc,
-      keys=jax.random.split(jax.random.key(1), batch * shape.depth).reshape(
-        batch, shape.depth
-      ),
-      **drafter_lib.context_reads(
-        proposer,
-        drafter_lib.feature_window(proposer, target, batch, shape.depth + 1),
-        tgt,
-      ),
-    )
-    run = functools.partial(
-      _repeated_iterations,
-      target,
-      proposer,
-      (tgt, ds),
-      context,
-      row_keys,
-      s,
-      shape,
-      calls=_CALLS,
-    )
-    out[branching] = timing.median_time(run, _REPEATS) / _CALLS
+    out.update({family[i]: seconds[i] for i in family})
   return out
 
 

@@ -1,8 +1,9 @@
 """`generate(tree=...)`: checks, the tree loop, and what it measured.
 
 `generate` calls `check` before anything compiles and `decode` to run the
-loop; the statistics come back as the chain loop's counters (for
-`SpecStats`: depth d plays position d) plus a `tree` report with the
+loop; the statistics come back as the chain loop's counters (`SpecCounters`
+with the per-node counts; for `SpecStats` depth d plays position d) plus a
+`tree` report with the
 per-node, per-depth and per-rank acceptance that `tree='auto'` uses, and
 the tokens' provenance (`core.provenance`: the accepted path, each node's
 rank among its siblings, the target's token and the rejected child).
@@ -15,6 +16,7 @@ import jax
 import numpy as np
 
 from spec_decode.core import inputs
+from spec_decode.core import loop_state
 from spec_decode.core import placement
 from spec_decode.core import provenance
 from spec_decode.core import tree_shape as tree_lib
@@ -81,17 +83,6 @@ def run(model, draft, enc, keys, settings, shape, batch):
   return decode(model, draft, enc, keys, settings, shape, batch)
 
 
-def _spec_counters(counters: tree_loop.TreeCounters) -> SpecCounters:
-  return SpecCounters(
-    iterations=counters.iterations,
-    accepted_histogram=counters.accepted_histogram,
-    position_tries=counters.position_tries,
-    position_accepts=counters.position_accepts,
-    beta_sum=counters.beta_sum,
-    proposed=counters.proposed,
-  )
-
-
 def _provenance(record, settings, batch):
   """The first `batch` rows' `core.provenance.Provenance` (or None)."""
   if record is None:
@@ -116,9 +107,8 @@ def decode(model, draft, enc, keys, settings, shape, batch):
   )
   counters = jax.tree.map(lambda x: np.asarray(x)[:batch], counters)
   lengths = lengths[:batch]
-  spec = _spec_counters(counters)
   prov = _provenance(record, settings, batch)
-  return out[:batch], lengths, spec, report(shape, counters, lengths), prov
+  return out[:batch], lengths, counters, report(shape, counters, lengths), prov
 
 
 def decode_auto(model, draft, enc, keys, settings, batch):
@@ -127,7 +117,7 @@ def decode_auto(model, draft, enc, keys, settings, batch):
   same loop state, with the same keys. When the chosen tree is shallower,
   its first iteration re-synchronises the drafter with the committed
   prefix (the calibration may have accepted more tokens than the new tree
-  is deep; `tree.loop.iterate`).
+  is deep; `tree.loop.Iteration.iterate`).
 
   Exact: the choice reads the calibration iterations' counts of tested and
   accepted nodes (and costs timed with other keys), which depend only on
@@ -165,7 +155,7 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     state=state,
   )
   (out, lengths), counters, record = placement.to_host(
-    (tree_loop.outputs(state, settings), state.counters, state.provenance)
+    (loop_state.outputs(state, settings), state.counters, state.provenance)
   )
   out, lengths = out[:batch], lengths[:batch]
   counters = jax.tree.map(lambda x: x[:batch], counters)
@@ -183,12 +173,13 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     cost_fit=cost,
     measured_tokens_per_call=tree['tokens_per_call'],
   )
-  spec = _joined(_spec_counters(cal_counters), _spec_counters(counters))
+  spec = _joined(cal_counters, counters)
   return out, lengths, spec, tree, _provenance(record, settings, batch)
 
 
 def _joined(a: SpecCounters, b: SpecCounters) -> SpecCounters:
-  """Two phases' counters summed, per-depth arrays padded to the deeper."""
+  """Two phases' counters summed, per-depth arrays padded to the deeper
+  (their trees' per-node counts differ: the sum has none)."""
 
   def pad(x, width):
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
@@ -206,9 +197,7 @@ def _joined(a: SpecCounters, b: SpecCounters) -> SpecCounters:
   )
 
 
-def report(
-  shape: tree_lib.TreeShape, counters: tree_loop.TreeCounters, lengths
-) -> dict:
+def report(shape: tree_lib.TreeShape, counters: SpecCounters, lengths) -> dict:
   """What a tree decode measured (plain Python / numpy values).
 
   Keys: `paths` (the shape), `num_nodes`, `depth`, `node_tries` and

@@ -1,8 +1,11 @@
 """The tree loop: a drafted token tree, one target call over all its nodes.
 
-One jitted `lax.while_loop`, like the chain loops (`chain/`), with the
-same token buffer, per-row keys and statistics. Shapes: `B` rows, `N` tree
-nodes, `D` tree depth, `M` max_decode_len, `V` vocabulary.
+One jitted `lax.while_loop`, like the chain loops (`chain/`), built the
+same way: a frozen `Iteration` (`core.loop_state.Loop` and the tree's
+shape) whose `step` is one iteration, ending, as the chain's does, in
+`core.loop_state.SpecState.commit`; the same token buffer, per-row keys
+and statistics (`SpecCounters`, with the per-node counts). Shapes: `B`
+rows, `N` tree nodes, `D` tree depth, `M` max_decode_len, `V` vocabulary.
 
 Per iteration, for a row with n output tokens:
   1. the drafter proposes the tree's N nodes (`Drafter.propose_tree`);
@@ -18,260 +21,107 @@ Per iteration, for a row with n output tokens:
      the next iteration overwrites.
 
 Cache length: the models' states hold M + N + 2 inputs (n + N + 1 slots
-are written while n < M). `start` can size them (and the token buffer) for
-a larger tree than the first one, so that a decode goes on from its state
-with another tree (`iterate` stops at a run-time iteration count):
+are written while n < M). `Iteration.init` can size them (and the token
+buffer) for a larger tree than the first one, so that a decode goes on from
+its state with another tree (`iterate` stops at a run-time iteration count):
 tree='auto' calibrates on its first iterations that way (`tree.auto`).
 
 Going on with a shallower tree: a drafter may assume that the previous
 iteration accepted no more tokens than the current tree is deep unless the
 loop says otherwise (`core.drafter.accepted_bound`); model drafts re-feed,
 early exits copy only that many + 1 inputs. The state remembers the
-deepest tree it ran (`TreeLoopState.deepest`, static), and the first
-iteration of `iterate` with a shallower tree passes that depth
+deepest tree it ran (`core.loop_state.TreeState.deepest`, static), and the
+first iteration of `iterate` with a shallower tree passes that depth
 (`DraftContext.max_accepted`) so that every drafter re-synchronises with
 the committed prefix; it runs in a loop of its own (one more compiled
 iteration), the others as before.
 """
 
+import dataclasses
 import functools
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from spec_decode.core import buffer
-from spec_decode.core import counters as counters_lib
 from spec_decode.core import drafter
-from spec_decode.core import model_drafter
+from spec_decode.core import loop_state
 from spec_decode.core import provenance as provenance_lib
-from spec_decode.core import sampling
-from spec_decode.core import verified_block
+from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
-from spec_decode.core.ids import PAD_ID
 from spec_decode.core.tree_shape import TreeShape
 from spec_decode.tree import verification as tree_verification
 
 
-@flax.struct.dataclass(kw_only=True)
-class TreeCounters:
-  """Per-row statistics of a tree decode (all `[B, ...]`).
+def zero_counters(batch: int, shape: TreeShape) -> SpecCounters:
+  """Counters of a tree decode: `shape.depth` positions, per-node counts."""
+  return SpecCounters.zeros(batch, shape.depth, num_nodes=shape.num_nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Iteration(loop_state.Loop):
+  """What every iteration of one tree decode closes over
+  (`core.loop_state.Loop`; `settings.gamma` is the tree's depth D).
 
   Attributes:
-    iterations: `[B]` iterations (= target calls) while the row was active.
-    accepted_histogram: `[B, D + 1]` iterations that output 0..D accepted
-      tokens (none accepted beyond the row's end, `core.counters`).
-    position_tries: `[B, D]` iterations that tested a node at depth d + 1.
-    position_accepts: `[B, D]` iterations that accepted one there.
-    beta_sum: `[B]` sum over tested depths of the rank-0 child's beta.
-    proposed: `[B]` nodes proposed (valid) while the row was active.
-    node_tries: `[B, N]` iterations that tested node i + 1.
-    node_accepts: `[B, N]` iterations that accepted node i + 1.
+    shape: the static tree.
   """
 
-  iterations: jax.Array
-  accepted_histogram: jax.Array
-  position_tries: jax.Array
-  position_accepts: jax.Array
-  beta_sum: jax.Array
-  proposed: jax.Array
-  node_tries: jax.Array
-  node_accepts: jax.Array
+  shape: TreeShape
 
   @classmethod
-  def zeros(cls, batch: int, shape: TreeShape) -> 'TreeCounters':
-    d, n = shape.depth, shape.num_nodes
-    z = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
-    return cls(
-      iterations=z(),
-      accepted_histogram=z(d + 1),
-      position_tries=z(d),
-      position_accepts=z(d),
-      beta_sum=jnp.zeros((batch,), jnp.float32),
-      proposed=z(),
-      node_tries=z(n),
-      node_accepts=z(n),
+  def create(
+    cls, target, draft, encoder_tokens, row_keys, settings, shape
+  ) -> 'Iteration':
+    """`target`: a `protocol.TreeLanguageModel`; `draft`: a drafter with
+    `propose_tree`, or a tree language model (drafted by `ModelDrafter`).
+
+    Raises:
+      ValueError: `settings.gamma` is not the tree's depth.
+    """
+    if settings.gamma != shape.depth:
+      raise ValueError('the tree loop needs settings.gamma == the tree depth')
+    return super().create(
+      target, draft, encoder_tokens, row_keys, settings, shape=shape
     )
 
-
-@flax.struct.dataclass(kw_only=True)
-class TreeLoopState:
-  """Carry of the tree loop.
-
-  Attributes:
-    inputs: `[B, M + D + 2] int32` decoder inputs (`core.buffer`).
-    length: `[B] int32` output tokens so far (EOS included).
-    done: `[B] bool` EOS emitted or M reached.
-    step: `[] int32` iterations so far.
-    target: the target's decode state.
-    draft: the drafter's state.
-    counters: `TreeCounters`.
-    features: `[B, K, D_model] float32` the target's hidden states at
-      inputs n-K..n-1 (the last predicted the newest token) for drafters
-      with target features: K = the deepest tree + 1 for drafters that read
-      recent features, else 1 (`core.drafter.feature_window`); or None.
-    provenance: where each output token came from (the accepted path's
-      ranks too; `core.provenance.Record`); None when
-      `settings.provenance` is off.
-    deepest: static; the depth of the deepest tree the state was iterated
-      with (None before any iteration): a bound on the tokens a row
-      accepted in its last iteration (module docstring).
-  """
-
-  inputs: jax.Array
-  length: jax.Array
-  done: jax.Array
-  step: jax.Array
-  target: object
-  draft: object
-  counters: TreeCounters
-  features: jax.Array | None = None
-  provenance: provenance_lib.Record | None = None
-  deepest: int | None = flax.struct.field(pytree_node=False, default=None)
-
-
-def _count(c: TreeCounters, shape, result, valid, active, kept):
-  d = shape.depth
-  a = result.accepted
-  depth_of = jnp.asarray(shape.depths[1:])  # [N]
-  # A node counts when it was tested inside what the row kept (nothing
-  # after an EOS or past M), as in the chain loop; the histogram counts the
-  # accepted nodes the row output (`core.counters.output_accepted`).
-  in_kept = (depth_of[None] - 1) < kept[:, None]
-  tried = result.tried & in_kept & active[:, None]
-  on_path = result.accepted_nodes(shape.num_nodes) & tried
-  levels = jax.nn.one_hot(depth_of - 1, d, dtype=jnp.int32)  # [N, D]
-  tested = (tried.astype(jnp.int32) @ levels) > 0
-  accepted = (on_path.astype(jnp.int32) @ levels) > 0
-  act = active.astype(jnp.int32)
-  return TreeCounters(
-    iterations=c.iterations + act,
-    accepted_histogram=c.accepted_histogram
-    + jax.nn.one_hot(
-      counters_lib.output_accepted(a, kept), d + 1, dtype=jnp.int32
+  def init(self, room: tuple[int, int] | None = None) -> loop_state.TreeState:
+    """The loop's first state: zero counters for the shape, room for trees
+    of up to `room = (nodes, depth)` (default: the shape's) in the caches
+    and the token buffer, so that the decode may go on with another tree
+    (`with_counters`)."""
+    shape, max_len = self.shape, self.settings.max_decode_len
+    num_nodes, depth = room or (shape.num_nodes, shape.depth)
+    num_nodes, depth = max(num_nodes, shape.num_nodes), max(depth, shape.depth)
+    return self.first_state(
+      loop_state.TreeState,
+      zero_counters(self.encoder_tokens.shape[0], shape),
+      # The window of the inputs one iteration can commit (depth + 1).
+      depth + 1,
+      buffer_len=max_len + depth + 2,
+      cache_len=max_len + num_nodes + 2,
     )
-    * act[:, None],
-    position_tries=c.position_tries + tested,
-    position_accepts=c.position_accepts + accepted,
-    beta_sum=c.beta_sum + jnp.sum(jnp.where(tested, result.beta, 0.0), 1),
-    proposed=c.proposed + jnp.sum(valid, 1).astype(jnp.int32) * act,
-    node_tries=c.node_tries + tried,
-    node_accepts=c.node_accepts + on_path,
-  )
 
-
-def start(
-  target,
-  draft,
-  encoder_tokens: jax.Array,
-  settings: DecodeSettings,
-  shape: TreeShape,
-  room: tuple[int, int] | None = None,
-) -> TreeLoopState:
-  """The loop's first state: zero counters for `shape`, room for trees of
-  up to `room = (nodes, depth)` (default: `shape`'s) in the caches and the
-  token buffer, so that the decode may go on with another tree
-  (`with_counters`).
-
-  Args:
-    target: a `protocol.TreeLanguageModel`.
-    draft: a drafter with `propose_tree`, or a tree language model.
-    encoder_tokens: `[B, S] int32`.
-    settings: static settings (`max_decode_len` M).
-    shape: the tree of the first iterations.
-    room: the most nodes and the deepest tree the state will decode with.
-  """
-  num_nodes, depth = room or (shape.num_nodes, shape.depth)
-  num_nodes, depth = max(num_nodes, shape.num_nodes), max(depth, shape.depth)
-  batch = encoder_tokens.shape[0]
-  proposer = model_drafter.as_drafter(draft)
-  cache_len = settings.max_decode_len + num_nodes + 2
-  # The window of the inputs one iteration can commit (depth + 1).
-  features = drafter.feature_window(proposer, target, batch, depth + 1)
-  width = settings.max_decode_len + depth + 2
-  return TreeLoopState(
-    inputs=jnp.full((batch, width), PAD_ID, jnp.int32),
-    length=jnp.zeros((batch,), jnp.int32),
-    done=jnp.zeros((batch,), bool),
-    step=jnp.zeros((), jnp.int32),
-    target=target.init_state(encoder_tokens, cache_len),
-    draft=proposer.init_draft(encoder_tokens, cache_len),
-    counters=TreeCounters.zeros(batch, shape),
-    features=features,
-    provenance=(
-      provenance_lib.Record.zeros(batch, width) if settings.provenance else None
-    ),
-  )
-
-
-def with_counters(state: TreeLoopState, shape: TreeShape) -> TreeLoopState:
-  """`state` with zero counters for `shape` (to go on with another tree)."""
-  return state.replace(
-    counters=TreeCounters.zeros(state.length.shape[0], shape)
-  )
-
-
-def iterate(
-  target,
-  draft,
-  encoder_tokens: jax.Array,
-  row_keys: jax.Array,
-  settings: DecodeSettings,
-  shape: TreeShape,
-  state: TreeLoopState,
-  max_iterations: jax.Array | int,
-) -> TreeLoopState:
-  """Tree iterations (module docstring) from `state` until every row is
-  done or `state.step` reaches `max_iterations` (a run-time value).
-
-  Args:
-    target: a `protocol.TreeLanguageModel`.
-    draft: a drafter with `propose_tree`, or a tree language model (drafted
-      by `ModelDrafter`).
-    encoder_tokens: `[B, S] int32`.
-    row_keys: `[B]` PRNG keys.
-    settings: static settings; `gamma` must be the tree's depth D.
-    shape: the static tree; `state` must have room for it (`start`) and
-      counters of its size.
-    state: where to go on from.
-    max_iterations: the loop stops when `state.step` reaches it (or M).
-
-  Returns:
-    The state after the last iteration; its `deepest` is the larger of
-    `state.deepest` and D.
-  """
-  if settings.gamma != shape.depth:
-    raise ValueError('the tree loop needs settings.gamma == the tree depth')
-  d = shape.depth
-  batch = encoder_tokens.shape[0]
-  proposer = model_drafter.as_drafter(draft)
-  with_features = bool(getattr(proposer, 'uses_target_features', False))
-  attention = shape.target_attention()
-  rows = jnp.arange(batch)
-  children, ranks = jnp.asarray(shape.children), jnp.asarray(shape.ranks)
-
-  def body(
-    state: TreeLoopState, max_accepted: int | None = None
-  ) -> TreeLoopState:
+  def step(
+    self, state: loop_state.TreeState, max_accepted: int | None = None
+  ) -> loop_state.TreeState:
+    """One tree iteration (module docstring); `max_accepted`: the deepest
+    tree the state ran, when deeper than this one."""
+    settings, shape, target = self.settings, self.shape, self.target
     n = state.length
-    active = ~state.done
-    context = drafter.DraftContext(
-      inputs=state.inputs,
-      length=n,
-      encoder_tokens=encoder_tokens,
-      keys=sampling.position_keys(
-        row_keys, n[:, None] + 1 + jnp.arange(d)[None], verified_block.SAMPLE
-      ),
-      **drafter.context_reads(proposer, state.features, state.target),
-      max_accepted=max_accepted,
+    context = self.context(state, shape.depth, max_accepted)
+    proposal, ds = self.proposer.propose_tree(
+      state.draft, context, settings, shape
     )
-    proposal, ds = proposer.propose_tree(state.draft, context, settings, shape)
-    drafter.check_proposal(proposer, proposal, context, shape, state.draft, ds)
-    root = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
+    drafter.check_proposal(
+      self.proposer, proposal, context, shape, state.draft, ds
+    )
+    root = loop_state.gather(state.inputs, n[:, None])
     nodes = jnp.concatenate([root, proposal.tokens], axis=1)
     tgt = target.rollback(state.target, n)
-    if with_features:
+    attention = shape.target_attention()
+    feats = None
+    if self.with_features:
       logits, feats, tgt = target.score_tree_with_features(
         tgt, nodes, attention
       )
@@ -284,81 +134,91 @@ def iterate(
       proposal.tokens,
       proposal.q,
       proposal.valid,
-      row_keys,
+      self.row_keys,
       n,
     )
     a = result.accepted
     tgt = target.commit_tree(tgt, result.path, a + 1)
-    path_tokens = nodes[rows[:, None], result.path[:, 1:]]  # [B, D]
-    offsets = jnp.arange(d + 1)[None]
-    block = jnp.where(
-      offsets < a[:, None],
-      jnp.concatenate([path_tokens, jnp.zeros_like(root)], axis=1),
-      result.next_token[:, None],
-    )
-    inputs, length, done, kept = buffer.commit_block(
-      state, block, a + 1, settings
-    )
-    record = state.provenance
-    if record is not None:
-      record = record.write(
-        n,
-        kept,
-        *provenance_lib.tree_block(
-          a, result.path, result.tried, proposal.tokens, children, ranks
-        ),
-      )
-    features = state.features
-    if with_features:
+    rows = jnp.arange(n.shape[0])[:, None]
+    depth_of = jnp.asarray(shape.depths[1:])  # [N]
+    levels = jax.nn.one_hot(depth_of - 1, shape.depth, dtype=jnp.int32)
+    path = loop_state.VerifiedPath(
+      tokens=nodes[rows, result.path[:, 1:]],
+      accepted=a,
+      next_token=result.next_token,
+      # Depth d was tested where any node there was.
+      tested=(result.tried.astype(jnp.int32) @ levels) > 0,
+      beta=result.beta,
+      proposed=jnp.sum(proposal.valid, 1).astype(jnp.int32),
       # The hidden state at each node of the accepted path (the root
-      # first) predicted the token after it: the window moves on by the
-      # inputs this iteration committed.
-      features = drafter.slide_features(
-        features, feats[rows[:, None], result.path], length - n
-      )
-    return state.replace(
-      inputs=inputs,
-      length=length,
-      done=done,
-      step=state.step + 1,
+      # first) predicted the token after it.
+      features=None if feats is None else feats[rows, result.path],
+    )
+    new, kept = state.commit(
+      settings,
+      path,
       target=tgt,
       draft=ds,
-      counters=_count(
-        state.counters, shape, result, proposal.valid, active, kept
+      codes=lambda: provenance_lib.tree_block(
+        a,
+        result.path,
+        result.tried,
+        proposal.tokens,
+        jnp.asarray(shape.children),
+        jnp.asarray(shape.ranks),
       ),
-      features=features,
-      provenance=record,
+    )
+    # A node counts where it was tested inside what the row kept (nothing
+    # after an EOS or past M), as a depth does (`SpecCounters.counted`).
+    tried = result.tried & ((depth_of[None] - 1) < kept[:, None])
+    tried &= ~state.done[:, None]
+    on_path = result.accepted_nodes(shape.num_nodes) & tried
+    c = new.counters
+    return new.replace(
+      counters=c.replace(
+        node_tries=c.node_tries + tried, node_accepts=c.node_accepts + on_path
+      )
     )
 
-  limit = jnp.minimum(
-    jnp.asarray(max_iterations, jnp.int32), settings.max_decode_len
-  )
+  def iterate(
+    self, state: loop_state.TreeState, max_iterations: jax.Array | int
+  ) -> loop_state.TreeState:
+    """Tree iterations from `state` until every row is done or
+    `state.step` reaches `max_iterations` (a run-time value) or M.
 
-  def going(state: TreeLoopState, stop: jax.Array) -> jax.Array:
-    return jnp.any(~state.done) & (state.step < stop)
-
-  deepest = state.deepest
-  if deepest is not None and deepest > d:
-    # The first iteration after a switch to a shallower tree: the last one
-    # may have accepted up to `deepest` tokens, more than the drafters
-    # re-feed for this tree, which would leave the previous tree's scratch
-    # nodes in their caches (module docstring). Its own loop: the wider
-    # re-feed costs this one iteration only.
-    first = jnp.minimum(limit, state.step + 1)
+    `state` must have room for the shape (`init`) and counters of its size
+    (`zero_counters`). Returns the state after the last iteration; its
+    `deepest` is the larger of `state.deepest` and D.
+    """
+    settings, d = self.settings, self.shape.depth
+    deepest = state.deepest
+    if deepest is not None and deepest > d:
+      # The first iteration after a switch to a shallower tree: the last one
+      # may have accepted up to `deepest` tokens, more than the drafters
+      # re-feed for this tree, which would leave the previous tree's scratch
+      # nodes in their caches (module docstring). Its own loop: the wider
+      # re-feed costs this one iteration only.
+      first = jnp.minimum(
+        jnp.asarray(max_iterations, jnp.int32), state.step + 1
+      )
+      state = lax.while_loop(
+        lambda s: loop_state.not_finished(s, settings, first),
+        functools.partial(self.step, max_accepted=deepest),
+        state,
+      )
     state = lax.while_loop(
-      lambda s: going(s, first),
-      functools.partial(body, max_accepted=deepest),
+      lambda s: loop_state.not_finished(s, settings, max_iterations),
+      self.step,
       state,
     )
-  state = lax.while_loop(lambda s: going(s, limit), body, state)
-  return state.replace(deepest=max(deepest or 0, d))
+    return state.replace(deepest=max(deepest or 0, d))
 
 
-def outputs(
-  state: TreeLoopState, settings: DecodeSettings
-) -> tuple[jax.Array, jax.Array]:
-  """Tokens `[B, M]` and lengths `[B]` of a loop state."""
-  return state.inputs[:, 1 : settings.max_decode_len + 1], state.length
+def with_counters(
+  state: loop_state.TreeState, shape: TreeShape
+) -> loop_state.TreeState:
+  """`state` with zero counters for `shape` (to go on with another tree)."""
+  return state.replace(counters=zero_counters(state.length.shape[0], shape))
 
 
 def tree_decode(
@@ -381,15 +241,15 @@ def tree_decode(
     shape: the static tree.
 
   Returns:
-    tokens `[B, M]`, lengths `[B]`, `TreeCounters` and the
-    `core.provenance.Record` (None with `settings.provenance` off).
+    tokens `[B, M]`, lengths `[B]`, `SpecCounters` (with the per-node
+    counts) and the `core.provenance.Record` (None with
+    `settings.provenance` off).
   """
-  state = start(target, draft, encoder_tokens, settings, shape)
-  state = iterate(
-    target, draft, encoder_tokens, row_keys, settings, shape, state,
-    settings.max_decode_len,
-  )  # fmt: skip
-  tokens, lengths = outputs(state, settings)
+  it = Iteration.create(
+    target, draft, encoder_tokens, row_keys, settings, shape
+  )
+  state = it.iterate(it.init(), settings.max_decode_len)
+  tokens, lengths = loop_state.outputs(state, settings)
   return tokens, lengths, state.counters, state.provenance
 
 
@@ -399,12 +259,11 @@ tree_decode_jit = jax.jit(tree_decode, static_argnames=('settings', 'shape'))
 def _start_and_iterate(
   target, draft, encoder_tokens, row_keys, settings, shape, room,
   max_iterations,
-) -> TreeLoopState:  # fmt: skip
-  state = start(target, draft, encoder_tokens, settings, shape, room)
-  return iterate(
-    target, draft, encoder_tokens, row_keys, settings, shape, state,
-    max_iterations,
-  )  # fmt: skip
+) -> loop_state.TreeState:  # fmt: skip
+  it = Iteration.create(
+    target, draft, encoder_tokens, row_keys, settings, shape
+  )
+  return it.iterate(it.init(room), max_iterations)
 
 
 # The first iterations of a decode that may go on with another tree:
@@ -416,12 +275,11 @@ start_and_iterate_jit = jax.jit(
 
 def _go_on(
   target, draft, encoder_tokens, row_keys, settings, shape, state
-) -> TreeLoopState:  # fmt: skip
-  state = with_counters(state, shape)
-  return iterate(
-    target, draft, encoder_tokens, row_keys, settings, shape, state,
-    settings.max_decode_len,
-  )  # fmt: skip
+) -> loop_state.TreeState:  # fmt: skip
+  it = Iteration.create(
+    target, draft, encoder_tokens, row_keys, settings, shape
+  )
+  return it.iterate(with_counters(state, shape), settings.max_decode_len)
 
 
 # Goes on from a state with another tree (fresh counters), to the end.

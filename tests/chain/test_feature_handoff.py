@@ -29,8 +29,8 @@ from conftest import sharpened
 from conftest import tiny_config
 
 import spec_decode as sd
-from spec_decode.chain import state as state_lib
 from spec_decode.chain import steps
+from spec_decode.core import loop_state
 from spec_decode.core import tree_shape
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.drafters.feature import FeatureDraft
@@ -151,7 +151,7 @@ def _chain(target, rec, enc, keys, gammas):
   state = it.init()
   step = {g: jax.jit(functools.partial(it.draft, g=g)) for g in set(gammas)}
   i = 0
-  while bool(state_lib.not_finished(state, settings)):
+  while bool(loop_state.not_finished(state, settings)):
     state = step[gammas[i % len(gammas)]](state)
     i += 1
   return state.inputs, state.length, state.draft, state.counters

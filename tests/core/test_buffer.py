@@ -1,11 +1,11 @@
-"""The decoder-input buffer (`core.buffer`): appending verified blocks."""
+"""The decoder-input buffer (`core.loop_state`): appending verified blocks."""
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode.core import buffer
+from spec_decode.core import loop_state
 from spec_decode.core.decode_settings import DecodeSettings
 
 # M = 6 output tokens, blocks of W = 3: buffers of M + W + 2 = 11 inputs.
@@ -57,7 +57,7 @@ DONE = [False, True, True, True, False, False, True, True]
 
 
 def _commit(state, block, num_new):
-  return buffer.commit_block(state, block, num_new, SETTINGS)
+  return loop_state.commit_block(state, block, num_new, SETTINGS)
 
 
 def test_commit_block_drops_after_eos_and_past_max_decode_len():
@@ -84,5 +84,5 @@ def test_gather_reads_each_rows_positions():
   inputs = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
   positions = jnp.asarray([[0, 5, 2], [1, 1, 4]])
   np.testing.assert_array_equal(
-    np.asarray(buffer.gather(inputs, positions)), [[0, 5, 2], [7, 7, 10]]
+    np.asarray(loop_state.gather(inputs, positions)), [[0, 5, 2], [7, 7, 10]]
   )

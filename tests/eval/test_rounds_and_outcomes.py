@@ -7,12 +7,12 @@ import copy
 import pytest
 
 from spec_decode import theory
-from spec_decode.core import ids
+from spec_decode.core.decode_settings import EOS_ID
 from spec_decode.eval import report
 from spec_decode.eval import rounds
 from spec_decode.eval.report import outcomes
 
-EOS = ids.EOS_ID
+EOS = EOS_ID
 MAX_LEN = 8
 
 

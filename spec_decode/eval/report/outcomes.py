@@ -15,15 +15,13 @@ output; sampled, either running out makes it a long decode).
 from collections.abc import Sequence
 from typing import Any
 
-from spec_decode.core import ids
+from spec_decode.core.decode_settings import EOS_ID
 from spec_decode.eval.report import speedup
 
 
 def ran_out(tokens: Sequence[int], max_decode_len: int) -> bool:
   """Whether an output reached `max_decode_len` tokens without EOS."""
-  return len(tokens) >= max_decode_len and (
-    not tokens or tokens[-1] != ids.EOS_ID
-  )
+  return len(tokens) >= max_decode_len and (not tokens or tokens[-1] != EOS_ID)
 
 
 def counts(
