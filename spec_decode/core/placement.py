@@ -1,8 +1,8 @@
 """Where a decode runs: the mesh interface the engine needs, and host arrays.
 
 The engine never builds a mesh. A sharded model carries a `partitioner`
-(`spec_decode.parallel.partitioning.Partitioner` implements `Placement`); `generate`
-asks it to place the models and the batch, and gathers results with
+(`spec_decode.parallel.partitioning.Partitioner` implements `Placement`);
+`generate` asks it to place the models and the batch, and gathers results with
 `to_host`. A global array spanning several processes (multi-host runs) is
 read through `local_data` and gathered once per batch.
 """

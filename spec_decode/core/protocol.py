@@ -111,9 +111,9 @@ class TreeLanguageModel(LanguageModel, Protocol):
     Args:
       state: a decode state holding `index[b]` committed inputs.
       tokens: `[B, T]` the nodes this call feeds.
-      attention: `core.tree_shape.TreeAttention` (static): node t goes to scratch
-        slot `index + offset + t` at position `index + positions[offset +
-        t]`, and attends to every committed input and to the scratch slots
+      attention: `core.tree_shape.TreeAttention` (static): node t goes to
+        scratch slot `index + offset + t` at position
+        `index + positions[offset + t]`, and attends to every committed input and to the scratch slots
         its mask row allows (its ancestors and itself).
 
     Returns:

@@ -427,9 +427,9 @@ class Model:
   def score_tree(self, state: T5DecodeState, tokens: jax.Array, attention):
     """Scores tree nodes `tokens [B, T]` (`protocol.TreeLanguageModel`).
 
-    `attention` (a static `core.tree_shape.TreeAttention`) places them in scratch
-    slots with their depths' positions and an ancestor mask; the index is
-    unchanged. Returns `logits [B, T, V]` and the state.
+    `attention` (a static `core.tree_shape.TreeAttention`) places them in
+    scratch slots with their depths' positions and an ancestor mask; the
+    index is unchanged. Returns `logits [B, T, V]` and the state.
     """
     logits, _, state = self.score_tree_with_features(state, tokens, attention)
     return logits, state

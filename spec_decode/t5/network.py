@@ -14,9 +14,9 @@ Cross-attention keys and values are computed once per input
 (`precompute_cross_attention`) and reused by every decoder call.
 
 Small-K CPU kernel: when the variables carry a `'packed'` collection (built
-by `spec_decode.models.packing.pack_decoder`), `Dense` and `Embed.attend` multiply by
-the packed copy of their weights with `spec_decode.kernels.ops.matmul` (the
-XLA FFI kernel on the CPU backend) instead of `dot.dot` (`jnp.dot`, float32
+by `spec_decode.models.packing.pack_decoder`), `Dense` and `Embed.attend`
+multiply by the packed copy of their weights with
+`spec_decode.kernels.ops.matmul` (the XLA FFI kernel on the CPU backend) instead of `dot.dot` (`jnp.dot`, float32
 summed in blocks of `config.cpu_sum_block` on the CPU: see `dot.py`). The
 kernel's row results are bitwise independent of how many rows are
 multiplied together (any K: the packed path never switches to another
@@ -474,8 +474,8 @@ class Decoder(nn.Module):
     positions 0..T-1. With a cache they go at positions `cache.index[b] + t`,
     and the updated cache (index advanced by T) is returned too.
 
-    With `tree` (a `core.tree_shape.TreeAttention`; needs a cache) the tokens are
-    tree nodes: written to scratch slots `index + tree.offset + t`, at
+    With `tree` (a `core.tree_shape.TreeAttention`; needs a cache) the tokens
+    are tree nodes: written to scratch slots `index + tree.offset + t`, at
     positions `index + tree.positions[...]` (relative-position bias from a
     node's depth), attending to every committed slot and to the scratch
     slots `tree.mask` allows (their ancestors); the index is unchanged.
