@@ -57,14 +57,14 @@ _FILE = re.compile(
 # local variables and parameter paths the docs talk about.
 FOREIGN = frozenset(
   """
-  jax jnp lax np nn tf json inspect dataclasses gettext gin seqio orbax
+  jax jnp lax np nn tf json inspect dataclasses gettext gin seqio orbax flax
   multihost_utils transformers time t5 t5x utils models partitioning
   binary_search gamma_policy
   Configurable DatasetConfig PjitPartitioner tokenizer vm
   out p s prov aux sampler span selector section state module model forcer
   task context draft settings report tree layout rounds cache lm_head shared
   decoder encoder layers_i token_embedder infer infer_script verify metrics
-  spec_eval spec_eval_compare spec_eval_drafters sizes
+  spec_eval spec_eval_compare spec_eval_drafters sizes shape
 """.split()
 )
 

@@ -29,7 +29,7 @@ from spec_decode.core import inputs
 from spec_decode.core import model_drafter
 from spec_decode.core import placement
 from spec_decode.core import tree_shape
-from spec_decode.core.decode_settings import EOS_ID
+from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import DecodeState
 from spec_decode.core.protocol import LanguageModel
 

@@ -17,8 +17,8 @@ from spec_decode.core import rejection
 from spec_decode.core import sampling
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.counters import SpecStats
-from spec_decode.core.decode_settings import EOS_ID
 from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import LanguageModel
 from spec_decode.policy import finish_time
 from spec_decode.tree import generation as tree_generation

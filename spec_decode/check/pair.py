@@ -51,7 +51,7 @@ from spec_decode.check import statistics
 from spec_decode.core import inputs
 from spec_decode.core import sampling
 from spec_decode.core import tree_shape
-from spec_decode.core.decode_settings import EOS_ID
+from spec_decode.core.ids import EOS_ID
 
 DEFAULT_SAMPLERS = (
   sampling.Sampler(1.0),

@@ -13,7 +13,8 @@ through `protocol.LanguageModel` and to drafters only through
   loop_state.py      the loops' carry and token buffer; committing a block
   counters.py        what a speculative decode counts (loop and host)
   provenance.py      where each output token came from (Figure 1)
-  decode_settings.py the static settings of a decode; pad, EOS and unk ids
+  decode_settings.py the static settings of a decode
+  ids.py             the pad, EOS and unk ids the loops rely on (T5's)
   inputs.py          checks of the caller's inputs; per-row keys from a seed
   tree_shape.py      token-tree shapes and their static tables
   tree_draft.py      children of every tree node drawn from draft logits

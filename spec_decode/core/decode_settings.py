@@ -1,14 +1,10 @@
-"""The static settings of a decode (part of every jit cache key), and the
-token ids the loops rely on (T5's conventions)."""
+"""The static settings of a decode (part of every jit cache key)."""
 
 import dataclasses
 
 from spec_decode.core import rejection
 from spec_decode.core import sampling
-
-PAD_ID = 0  # Also the decoder start token, as in T5.
-EOS_ID = 1
-UNK_ID = 2
+from spec_decode.core.ids import EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,8 +113,9 @@ class TreeLanguageModel(LanguageModel, Protocol):
       tokens: `[B, T]` the nodes this call feeds.
       attention: `core.tree_shape.TreeAttention` (static): node t goes to
         scratch slot `index + offset + t` at position
-        `index + positions[offset + t]`, and attends to every committed input and to the scratch slots
-        its mask row allows (its ancestors and itself).
+        `index + positions[offset + t]`, and attends to every committed
+        input and to the scratch slots its mask row allows (its ancestors
+        and itself).
 
     Returns:
       `logits [B, T, V]` float32 (the distribution after each node's path)

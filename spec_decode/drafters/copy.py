@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.core import drafter
-from spec_decode.core.decode_settings import PAD_ID
 from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.ids import PAD_ID
 
 
 @flax.struct.dataclass(kw_only=True)

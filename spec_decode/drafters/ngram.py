@@ -43,9 +43,9 @@ import numpy as np
 from spec_decode.core import drafter
 from spec_decode.core import sampling
 from spec_decode.core import tree_draft
-from spec_decode.core.decode_settings import EOS_ID
-from spec_decode.core.decode_settings import PAD_ID
 from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.ids import EOS_ID
+from spec_decode.core.ids import PAD_ID
 
 _EMPTY = -1  # Key of an unused bucket (token ids are >= 0).
 

@@ -26,9 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
-from spec_decode.core.decode_settings import EOS_ID
-from spec_decode.core.decode_settings import PAD_ID
-from spec_decode.core.decode_settings import UNK_ID
+from spec_decode.core.ids import EOS_ID
+from spec_decode.core.ids import PAD_ID
+from spec_decode.core.ids import UNK_ID
 from spec_decode.t5 import vocab as vocab_lib
 
 NUM_SPECIAL = 3

@@ -7,9 +7,9 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
-from spec_decode.core.decode_settings import EOS_ID  # noqa: F401 (re-exported)
-from spec_decode.core.decode_settings import PAD_ID  # noqa: F401
-from spec_decode.core.decode_settings import UNK_ID  # noqa: F401
+from spec_decode.core.ids import EOS_ID  # noqa: F401 (re-exported)
+from spec_decode.core.ids import PAD_ID  # noqa: F401
+from spec_decode.core.ids import UNK_ID  # noqa: F401
 from spec_decode.t5 import gin_file
 
 

@@ -16,8 +16,9 @@ Cross-attention keys and values are computed once per input
 Small-K CPU kernel: when the variables carry a `'packed'` collection (built
 by `spec_decode.models.packing.pack_decoder`), `Dense` and `Embed.attend`
 multiply by the packed copy of their weights with
-`spec_decode.kernels.ops.matmul` (the XLA FFI kernel on the CPU backend) instead of `dot.dot` (`jnp.dot`, float32
-summed in blocks of `config.cpu_sum_block` on the CPU: see `dot.py`). The
+`spec_decode.kernels.ops.matmul` (the XLA FFI kernel on the CPU backend)
+instead of `dot.dot` (`jnp.dot`, float32 summed in blocks of
+`config.cpu_sum_block` on the CPU: see `dot.py`). The
 kernel's row results are bitwise independent of how many rows are
 multiplied together (any K: the packed path never switches to another
 algorithm, and it sums D in fixed blocks of 128), so these layers compute a

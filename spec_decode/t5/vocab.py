@@ -19,9 +19,9 @@ from typing import Sequence
 import numpy as np
 import sentencepiece as spm
 
-from spec_decode.core.decode_settings import EOS_ID
-from spec_decode.core.decode_settings import PAD_ID
-from spec_decode.core.decode_settings import UNK_ID
+from spec_decode.core.ids import EOS_ID
+from spec_decode.core.ids import PAD_ID
+from spec_decode.core.ids import UNK_ID
 
 DEFAULT_EXTRA_IDS = 100
 _EXTRA_ID = re.compile(r'<extra_id_(\d+)>')

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from spec_decode import theory
-from spec_decode.core.decode_settings import EOS_ID
+from spec_decode.core.ids import EOS_ID
 from spec_decode.eval import report
 from spec_decode.eval import rounds
 from spec_decode.eval.report import outcomes

@@ -15,7 +15,7 @@ output; sampled, either running out makes it a long decode).
 from collections.abc import Sequence
 from typing import Any
 
-from spec_decode.core.decode_settings import EOS_ID
+from spec_decode.core.ids import EOS_ID
 from spec_decode.eval.report import speedup
 
 
