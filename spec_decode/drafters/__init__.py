@@ -15,6 +15,8 @@ Pass any of them as `draft=` to `spec_decode.generate`.
   feature_t5gemma.py  the same with T5Gemma layers, for a T5Gemma target
   early_exit.py    the target's first k decoder layers as its own draft
   early_exit_t5gemma.py  the same for a T5Gemma target (its ring cache)
+  on_target.py     what those four share across model families: the
+                   drafting loops, each family's layers behind a few methods
   hierarchical.py  a draft model sped up by a draft of its own
 """
 

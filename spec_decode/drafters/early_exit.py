@@ -42,15 +42,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.core import drafter
-from spec_decode.core import model_drafter
-from spec_decode.core import tree_draft
-from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.drafters import early_exit_t5gemma
+from spec_decode.drafters import on_target
 from spec_decode.models import t5_model
 from spec_decode.models import t5gemma_model
 from spec_decode.t5 import cache as cache_lib
-from spec_decode.t5 import network
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -65,7 +61,7 @@ class EarlyExitState:
 
 
 @flax.struct.dataclass(kw_only=True)
-class EarlyExit:
+class EarlyExit(on_target.EarlyExitDrafting):
   """The target's first `num_layers` decoder layers as its draft.
 
   Attributes:
@@ -75,9 +71,6 @@ class EarlyExit:
 
   target: Any
   num_layers: int = flax.struct.field(pytree_node=False)
-
-  uses_target_features = False
-  uses_target_state = True
 
   @classmethod
   def of(cls, target: t5_model.Model, num_layers: int) -> 'EarlyExit':
@@ -90,20 +83,10 @@ class EarlyExit:
     if isinstance(target, t5gemma_model.T5GemmaModel):
       return early_exit_t5gemma.T5GemmaEarlyExit.of(target, num_layers)
     layers = target.config.num_decoder_layers
-    if isinstance(num_layers, bool) or not 1 <= int(num_layers) <= layers:
-      raise ValueError(
-        f'num_layers must be in [1, {layers}] (the target has {layers} '
-        f'decoder layers), got {num_layers!r}'
-      )
-    return cls(target=target, num_layers=int(num_layers))
-
-  @property
-  def vocab_size(self) -> int:
-    return self.target.vocab_size
-
-  @property
-  def vocabulary(self) -> Any:
-    return self.target.vocabulary
+    return cls(
+      target=target,
+      num_layers=on_target.check_num_layers(num_layers, layers),
+    )
 
   def __repr__(self) -> str:
     return f'EarlyExit(num_layers={self.num_layers})'
@@ -134,16 +117,13 @@ class EarlyExit:
       )
     )
 
-  def _synced(self, state, context, width: int) -> t5_model.T5DecodeState:
+  def synced(self, state, context, width: int) -> t5_model.T5DecodeState:
     """The draft's decode state holding inputs 0..n-1: the target's
     encoder-side keys and values of layers 0..k-1, and the slots of the
-    last `width` committed inputs copied from the target's cache."""
-    tstate = context.target_state
-    if tstate is None:
-      raise ValueError(
-        'EarlyExit needs DraftContext.target_state (the loops fill it for '
-        'drafters with uses_target_state)'
-      )
+    last `width` committed inputs copied from the target's cache (where a
+    separate draft model re-feeds them: one for a chain, the most tokens
+    the previous iteration accepted + 1 for a tree, module docstring)."""
+    tstate = self.target_state(context)
     k = self.num_layers
     n = context.length
     start = jnp.maximum(n - width, 0)
@@ -162,63 +142,13 @@ class EarlyExit:
       values=tuple(map(copy, state.cache.values, tstate.cache.values[:k])),
       index=n,
     )
-    cross = network.CrossAttentionKV(
-      keys=tstate.cross.keys[:k],
-      values=tstate.cross.values[:k],
-      encoder_valid=tstate.cross.encoder_valid,
-    )
+    cross = on_target.cross_of(tstate.cross, range(k))
     return t5_model.T5DecodeState(cross=cross, cache=cache)
 
-  def _root(self, model, ds, context):
-    """Feeds the newest input n: logits `[B, V]` of token n + 1."""
-    newest = jnp.take_along_axis(context.inputs, context.length[:, None], 1)
-    logits, ds = model.score(ds, newest)
-    return logits[:, 0], ds
-
-  def propose(
-    self,
-    state: EarlyExitState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-  ) -> tuple[drafter.Proposal, EarlyExitState]:
-    """G tokens, one k-layer call each (the first feeds input n alone)."""
-    model = self.model()
-    ds = self._synced(state, context, 1)
-    first, ds = self._root(model, ds, context)
-
-    def step(ds, prev):
-      logits, ds = model.score(ds, prev[:, None])
-      return logits[:, 0], ds
-
-    proposal, ds = model_drafter.draft_chain(
-      step, ds, first, context.keys, settings.sampler, settings.dynamic_gamma
-    )
-    return proposal, EarlyExitState(cache=ds.cache)
-
-  def propose_tree(
-    self,
-    state: EarlyExitState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-    shape,
-  ) -> tuple[drafter.TreeProposal, EarlyExitState]:
-    """The tree level by level (`tree_draft.expand`), after one call for
-    the newest input (the inputs committed since the last call come from
-    the target's cache, module docstring)."""
-    model = self.model()
-    ds = self._synced(
-      state, context, drafter.accepted_bound(context, shape.depth) + 1
-    )
-    root, ds = self._root(model, ds, context)
-
-    def level_logits(d, fed, tokens, ds):
-      _, attention = shape.draft_attention(d)
-      return model.score_tree(ds, tokens[:, fed], attention)
-
-    proposal, ds = tree_draft.expand(
-      shape, settings.sampler, root, level_logits, ds, context.keys
-    )
-    return proposal, EarlyExitState(cache=ds.cache)
+  def next_state(self, state, ds) -> EarlyExitState:
+    """Its own cache after a call: the slots its draft steps wrote."""
+    del state
+    return EarlyExitState(cache=ds.cache)
 
 
 def truncated(target: t5_model.Model, num_layers: int) -> t5_model.Model:

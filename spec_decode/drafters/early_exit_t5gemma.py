@@ -32,13 +32,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from spec_decode.core import drafter
-from spec_decode.core import model_drafter
-from spec_decode.core import tree_draft
-from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.drafters import on_target
 from spec_decode.models import t5gemma_model
 from spec_decode.t5gemma import cache as cache_lib
-from spec_decode.t5gemma import network
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -54,42 +50,22 @@ class T5GemmaEarlyExitState:
 
 
 @flax.struct.dataclass(kw_only=True)
-class T5GemmaEarlyExit:
-  """A T5Gemma target's first `num_layers` decoder layers as its draft.
-
-  Attributes:
-    target: the target `T5GemmaModel`.
-    num_layers: k, decoder layers the draft runs (static).
-  """
+class T5GemmaEarlyExit(on_target.EarlyExitDrafting):
+  """A T5Gemma target's first `num_layers` decoder layers as its draft
+  (`target` the `T5GemmaModel`, `num_layers` k static)."""
 
   target: Any
   num_layers: int = flax.struct.field(pytree_node=False)
 
-  uses_target_features = False
-  uses_target_state = True
-
   @classmethod
   def of(cls, target, num_layers: int) -> 'T5GemmaEarlyExit':
-    """The draft of `target`'s first `num_layers` decoder layers.
-
-    Raises:
-      ValueError: `num_layers` is not in [1, the target's layers].
-    """
+    """The draft of `target`'s first `num_layers` decoder layers (a
+    ValueError unless `num_layers` is in [1, the target's layers])."""
     layers = target.config.decoder.num_layers
-    if isinstance(num_layers, bool) or not 1 <= int(num_layers) <= layers:
-      raise ValueError(
-        f'num_layers must be in [1, {layers}] (the target has {layers} '
-        f'decoder layers), got {num_layers!r}'
-      )
-    return cls(target=target, num_layers=int(num_layers))
-
-  @property
-  def vocab_size(self) -> int:
-    return self.target.vocab_size
-
-  @property
-  def vocabulary(self) -> Any:
-    return self.target.vocabulary
+    return cls(
+      target=target,
+      num_layers=on_target.check_num_layers(num_layers, layers),
+    )
 
   def __repr__(self) -> str:
     return f'EarlyExit(num_layers={self.num_layers}, T5Gemma)'
@@ -105,15 +81,13 @@ class T5GemmaEarlyExit:
       calls=jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
     )
 
-  def _synced(self, context) -> t5gemma_model.T5GemmaDecodeState:
+  def synced(
+    self, state, context, width: int
+  ) -> t5gemma_model.T5GemmaDecodeState:
     """The draft's decode state holding inputs 0..n-1: the target's, cut to
-    layers 0..k-1, index n."""
-    tstate = context.target_state
-    if tstate is None:
-      raise ValueError(
-        'EarlyExit needs DraftContext.target_state (the loops fill it for '
-        'drafters with uses_target_state)'
-      )
+    layers 0..k-1, index n (all its slots: `width` is T5's copy width)."""
+    del state, width
+    tstate = self.target_state(context)
     k = self.num_layers
     cache = cache_lib.RingKVCache(
       keys=tstate.cache.keys[:k],
@@ -121,58 +95,14 @@ class T5GemmaEarlyExit:
       slots=tstate.cache.slots,
       index=context.length,
     )
-    cross = network.CrossKV(
-      keys=tstate.cross.keys[:k],
-      values=tstate.cross.values[:k],
-      encoder_valid=tstate.cross.encoder_valid,
-    )
+    cross = on_target.cross_of(tstate.cross, range(k))
     return t5gemma_model.T5GemmaDecodeState(cross=cross, cache=cache)
 
-  def _root(self, model, ds, context):
-    """Feeds the newest input n: logits `[B, V]` of token n + 1."""
-    newest = jnp.take_along_axis(context.inputs, context.length[:, None], 1)
-    logits, ds = model.score(ds, newest)
-    return logits[:, 0], ds
-
-  def propose(
-    self,
-    state: T5GemmaEarlyExitState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-  ) -> tuple[drafter.Proposal, T5GemmaEarlyExitState]:
-    """G tokens, one k-layer call each (the first feeds input n)."""
-    model = self.model()
-    first, ds = self._root(model, self._synced(context), context)
-
-    def step(ds, prev):
-      logits, ds = model.score(ds, prev[:, None])
-      return logits[:, 0], ds
-
-    proposal, _ = model_drafter.draft_chain(
-      step, ds, first, context.keys, settings.sampler, settings.dynamic_gamma
-    )
-    return proposal, state.replace(calls=state.calls + 1)
-
-  def propose_tree(
-    self,
-    state: T5GemmaEarlyExitState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-    shape,
-  ) -> tuple[drafter.TreeProposal, T5GemmaEarlyExitState]:
-    """The tree level by level (`tree_draft.expand`) after the newest
-    input; its nodes go in scratch slots past n, as the target's do."""
-    model = self.model()
-    root, ds = self._root(model, self._synced(context), context)
-
-    def level_logits(d, fed, tokens, ds):
-      _, attention = shape.draft_attention(d)
-      return model.score_tree(ds, tokens[:, fed], attention)
-
-    proposal, _ = tree_draft.expand(
-      shape, settings.sampler, root, level_logits, ds, context.keys
-    )
-    return proposal, state.replace(calls=state.calls + 1)
+  def next_state(self, state, ds) -> T5GemmaEarlyExitState:
+    """The draft's writes went to a copy of the target's cache: only the
+    call count moves."""
+    del ds
+    return state.replace(calls=state.calls + 1)
 
 
 def truncated(target, num_layers: int) -> t5gemma_model.T5GemmaModel:

@@ -63,11 +63,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from spec_decode import checkpoints
-from spec_decode.core import drafter
-from spec_decode.core import model_drafter
-from spec_decode.core import tree_draft
-from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.drafters import feature_t5gemma
+from spec_decode.drafters import on_target
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.models import t5_model
 from spec_decode.models import t5gemma_model
@@ -151,7 +148,7 @@ class FeatureState:
 
 
 @flax.struct.dataclass(kw_only=True)
-class FeatureDraft:
+class FeatureDraft(on_target.FeatureDrafting):
   """An EAGLE-style draft on a frozen T5 target (module docstring).
 
   Attributes:
@@ -170,22 +167,10 @@ class FeatureDraft:
   cross_layers: tuple[int, ...] = flax.struct.field(pytree_node=False)
   packed: Any = None
 
-  uses_target_features = True
-  uses_recent_features = True
-  uses_target_state = True
-
   # -- shapes -----------------------------------------------------------------
   @property
   def num_layers(self) -> int:
     return self.net_config.num_decoder_layers
-
-  @property
-  def vocab_size(self) -> int:
-    return self.target.vocab_size
-
-  @property
-  def vocabulary(self) -> Any:
-    return self.target.vocabulary
 
   @property
   def net(self) -> FeatureNet:
@@ -232,21 +217,9 @@ class FeatureDraft:
         target, num_layers, seed, from_target, cross_layers
       )
     tcfg = target.config
-    if num_layers < 1:
-      raise ValueError(f'num_layers must be >= 1, got {num_layers}')
-    if cross_layers is None:
-      first = max(tcfg.num_decoder_layers - num_layers, 0)
-      cross_layers = tuple(
-        min(first + i, tcfg.num_decoder_layers - 1) for i in range(num_layers)
-      )
-    cross_layers = tuple(int(j) for j in cross_layers)
-    if len(cross_layers) != num_layers or not all(
-      0 <= j < tcfg.num_decoder_layers for j in cross_layers
-    ):
-      raise ValueError(
-        f'cross_layers must name {num_layers} target decoder layers in '
-        f'[0, {tcfg.num_decoder_layers}), got {cross_layers}'
-      )
+    cross_layers = on_target.cross_layers_for(
+      num_layers, tcfg.num_decoder_layers, cross_layers
+    )
     cfg = net_config(tcfg, num_layers, mlp_dim)
     params = _init_params(cfg, seed)
     if from_target:
@@ -291,15 +264,6 @@ class FeatureDraft:
     emb = self.target.params['token_embedder']['embedding']
     return jnp.take(emb, tokens, axis=0).astype(self.net_config.dtype)
 
-  def cross(self, target_state: Any) -> network.CrossAttentionKV:
-    """The target's encoder-side keys and values the draft layers read."""
-    c = target_state.cross
-    return network.CrossAttentionKV(
-      keys=tuple(c.keys[j] for j in self.cross_layers),
-      values=tuple(c.values[j] for j in self.cross_layers),
-      encoder_valid=c.encoder_valid,
-    )
-
   def apply_net(self, features, tokens, cross, cache=None, tree=None):
     """`FeatureNet` on `tokens [B, T]` with `features [B, T, D]` (the
     feature of the input before each token): `(predicted [B, T, D], cache)`."""
@@ -309,6 +273,12 @@ class FeatureDraft:
     return self.net.apply(
       variables, features, self.embed(tokens), cross, cache, tree
     )
+
+  def run_tokens(self, features, tokens, positions, cross, cache, tree=None):
+    """`apply_net` for the shared drafting loop (`on_target`): a T5
+    draft reads no positions."""
+    del positions
+    return self.apply_net(features, tokens, cross, cache, tree)
 
   def logits(self, features: jax.Array) -> jax.Array:
     """The target's output projection of features `[..., D]`: `[..., V]`."""
@@ -346,104 +316,6 @@ class FeatureDraft:
         cfg.dtype,
       )
     )
-
-  def _catch_up(self, state: FeatureState, context, cross, depth: int):
-    """Re-feeds the last A + 1 inputs with the target's features, A the
-    most tokens the previous iteration accepted (`drafter.accepted_bound`
-    of this call's `depth`): the predicted feature `[B, D]` of input n and
-    the cache holding inputs 0..n. Its cache held the inputs up to the
-    previous call's newest (n - A - 1 or later) from the target's
-    features; what it drafted after them is overwritten here."""
-    window = context.recent_features
-    if window is None or context.target_state is None:
-      raise ValueError(
-        'FeatureDraft needs DraftContext.recent_features and target_state '
-        '(the loops fill them for drafters that declare them)'
-      )
-    n = context.length
-    k = window.shape[1]
-    w = drafter.accepted_bound(context, depth) + 1
-    if w > k:
-      raise ValueError(
-        f'the previous iteration may have committed {w} inputs, the '
-        f'feature window holds {k} (the loop sizes it for its deepest '
-        'iteration)'
-      )
-    start = jnp.maximum(n - w + 1, 0)
-    cols = start[:, None] + jnp.arange(w)[None]  # Inputs t of the block.
-    width = context.inputs.shape[1]
-    tokens = jnp.take_along_axis(
-      context.inputs, jnp.minimum(cols, width - 1), axis=1
-    )
-    # The window's entry j is input n - K + j; input t reads input t - 1.
-    fidx = jnp.clip(cols - 1 - (n[:, None] - k), 0, k - 1)
-    feats = jnp.take_along_axis(window, fidx[..., None], axis=1)
-    cache = state.cache.rollback(start)
-    hidden, cache = self.apply_net(feats, tokens, cross, cache)
-    rows = jnp.arange(n.shape[0])
-    return hidden[rows, n - start], cache.rollback(n + 1)
-
-  def propose(
-    self,
-    state: FeatureState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-  ) -> tuple[drafter.Proposal, FeatureState]:
-    """Tokens n+1..n+G (module docstring)."""
-    cross = self.cross(context.target_state)
-    h, cache = self._catch_up(state, context, cross, settings.gamma)
-
-    def step(carry, prev):
-      cache, h = carry
-      out, cache = self.apply_net(h[:, None], prev[:, None], cross, cache)
-      h = out[:, 0]
-      return self.logits(h), (cache, h)
-
-    proposal, (cache, _) = model_drafter.draft_chain(
-      step,
-      (cache, h),
-      self.logits(h),
-      context.keys,
-      settings.sampler,
-      settings.dynamic_gamma,
-    )
-    return proposal, FeatureState(cache=cache)
-
-  def propose_tree(
-    self,
-    state: FeatureState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-    shape,
-  ) -> tuple[drafter.TreeProposal, FeatureState]:
-    """The tree level by level; a node reads its parent's predicted
-    feature (module docstring)."""
-    cross = self.cross(context.target_state)
-    h, cache = self._catch_up(state, context, cross, shape.depth)
-    hidden = (
-      jnp.zeros((h.shape[0], shape.num_nodes + 1, h.shape[-1]), jnp.float32)
-      .at[:, 0]
-      .set(h)
-    )
-    parents = shape.parents
-
-    def level_logits(d, fed, tokens, carry):
-      cache, hidden = carry
-      _, attention = shape.draft_attention(d)
-      out, cache = self.apply_net(
-        hidden[:, parents[fed]], tokens[:, fed], cross, cache, attention
-      )
-      return self.logits(out), (cache, hidden.at[:, fed].set(out))
-
-    proposal, (cache, _) = tree_draft.expand(
-      shape,
-      settings.sampler,
-      self.logits(h),
-      level_logits,
-      (cache, hidden),
-      context.keys,
-    )
-    return proposal, FeatureState(cache=cache)
 
   # -- checkpoints ------------------------------------------------------------
   def save(self, path: str) -> None:

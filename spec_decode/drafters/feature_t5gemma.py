@@ -10,10 +10,11 @@ embedding and soft-capped head (frozen). Draft layer i reads the target's
 encoder-side keys and values of its decoder layer `cross_layers[i]` from
 the target's decode state (no encoder runs for the draft).
 
-Drafting is `feature.py`'s: the loop hands the target's features of the
-last K inputs; the draft re-feeds the inputs committed since its last call
-(the last A + 1, A the most tokens the previous iteration accepted) with
-the target's features, then drafts over its own predicted features.
+Drafting is `feature.py`'s (one loop for both, `on_target.py`): the loop
+hands the target's features of the last K inputs; the draft re-feeds the
+inputs committed since its last call (the last A + 1, A the most tokens
+the previous iteration accepted) with the target's features, then drafts
+over its own predicted features.
 
 Its cache keeps every slot of its own layers (no ring): the re-feed moves
 its index back up to G slots behind inputs it drafted at, further than a
@@ -34,10 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode.core import drafter
-from spec_decode.core import model_drafter
-from spec_decode.core import tree_draft
-from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.drafters import on_target
 from spec_decode.t5gemma import cache as cache_lib
 from spec_decode.t5gemma import network
 from spec_decode.t5gemma.config import BOS_ID
@@ -101,7 +99,7 @@ class T5GemmaFeatureState:
 
 
 @flax.struct.dataclass(kw_only=True)
-class T5GemmaFeatureDraft:
+class T5GemmaFeatureDraft(on_target.FeatureDrafting):
   """An EAGLE-style draft on a frozen T5Gemma target (module docstring).
 
   Attributes:
@@ -117,21 +115,9 @@ class T5GemmaFeatureDraft:
   net_config: T5GemmaConfig = flax.struct.field(pytree_node=False)
   cross_layers: tuple[int, ...] = flax.struct.field(pytree_node=False)
 
-  uses_target_features = True
-  uses_recent_features = True
-  uses_target_state = True
-
   @property
   def num_layers(self) -> int:
     return self.net_config.decoder.num_layers
-
-  @property
-  def vocab_size(self) -> int:
-    return self.target.vocab_size
-
-  @property
-  def vocabulary(self) -> Any:
-    return self.target.vocabulary
 
   @property
   def net(self) -> T5GemmaFeatureNet:
@@ -164,22 +150,9 @@ class T5GemmaFeatureDraft:
       cross_layers: target layers read by each draft layer (default the
         last `num_layers`).
     """
-    layers = target.config.decoder.num_layers
-    if num_layers < 1:
-      raise ValueError(f'num_layers must be >= 1, got {num_layers}')
-    if cross_layers is None:
-      first = max(layers - num_layers, 0)
-      cross_layers = tuple(
-        min(first + i, layers - 1) for i in range(num_layers)
-      )
-    cross_layers = tuple(int(j) for j in cross_layers)
-    if len(cross_layers) != num_layers or not all(
-      0 <= j < layers for j in cross_layers
-    ):
-      raise ValueError(
-        f'cross_layers must name {num_layers} target decoder layers in '
-        f'[0, {layers}), got {cross_layers}'
-      )
+    cross_layers = on_target.cross_layers_for(
+      num_layers, target.config.decoder.num_layers, cross_layers
+    )
     cfg = net_config(target.config, cross_layers)
     params = _init_params(cfg, seed)
     if from_target:
@@ -199,18 +172,20 @@ class T5GemmaFeatureDraft:
     loops feed T5's start id 0 there, as the target reads it)."""
     return self.target.embed(jnp.where(positions == 0, BOS_ID, tokens))
 
-  def cross(self, target_state: Any) -> network.CrossKV:
-    c = target_state.cross
-    return network.CrossKV(
-      keys=tuple(c.keys[j] for j in self.cross_layers),
-      values=tuple(c.values[j] for j in self.cross_layers),
-      encoder_valid=c.encoder_valid,
-    )
-
   def apply_net(self, features, embedded, cross, cache=None, tree=None):
     return self.net.apply(
       {'params': self.params}, features, embedded, cross, cache, tree
     )
+
+  def run_tokens(self, features, tokens, positions, cross, cache, tree=None):
+    """`apply_net` on token ids for the shared drafting loop
+    (`on_target`); `positions` None: past the newest committed input,
+    never position 0 (never read as BOS)."""
+    if positions is None:
+      embedded = self.target.embed(tokens)
+    else:
+      embedded = self.embed(tokens, positions)
+    return self.apply_net(features, embedded, cross, cache, tree)
 
   def logits(self, features: jax.Array) -> jax.Array:
     """The target's soft-capped head of features `[..., D]`."""
@@ -235,104 +210,6 @@ class T5GemmaFeatureDraft:
         cfg.decoder, encoder_tokens.shape[0], length, _NO_RING, cfg.dtype
       )
     )
-
-  def _catch_up(self, state, context, cross, depth: int):
-    """`feature.FeatureDraft._catch_up` on this network: the predicted
-    feature `[B, D]` of input n and the cache holding inputs 0..n."""
-    window = context.recent_features
-    if window is None or context.target_state is None:
-      raise ValueError(
-        'FeatureDraft needs DraftContext.recent_features and target_state '
-        '(the loops fill them for drafters that declare them)'
-      )
-    n = context.length
-    k = window.shape[1]
-    w = drafter.accepted_bound(context, depth) + 1
-    if w > k:
-      raise ValueError(
-        f'the previous iteration may have committed {w} inputs, the '
-        f'feature window holds {k}'
-      )
-    start = jnp.maximum(n - w + 1, 0)
-    cols = start[:, None] + jnp.arange(w)[None]
-    width = context.inputs.shape[1]
-    tokens = jnp.take_along_axis(
-      context.inputs, jnp.minimum(cols, width - 1), axis=1
-    )
-    # The window's entry j is input n - K + j; input t reads input t - 1.
-    fidx = jnp.clip(cols - 1 - (n[:, None] - k), 0, k - 1)
-    feats = jnp.take_along_axis(window, fidx[..., None], axis=1)
-    cache = state.cache.rollback(start)
-    hidden, cache = self.apply_net(
-      feats, self.embed(tokens, cols), cross, cache
-    )
-    rows = jnp.arange(n.shape[0])
-    return hidden[rows, n - start], cache.rollback(n + 1)
-
-  def propose(
-    self,
-    state: T5GemmaFeatureState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-  ) -> tuple[drafter.Proposal, T5GemmaFeatureState]:
-    """Tokens n+1..n+G (module docstring)."""
-    cross = self.cross(context.target_state)
-    h, cache = self._catch_up(state, context, cross, settings.gamma)
-
-    def step(carry, prev):
-      cache, h = carry
-      # Inputs past n sit at positions >= 1: never read as BOS.
-      embedded = self.target.embed(prev[:, None])
-      out, cache = self.apply_net(h[:, None], embedded, cross, cache)
-      h = out[:, 0]
-      return self.logits(h), (cache, h)
-
-    proposal, (cache, _) = model_drafter.draft_chain(
-      step,
-      (cache, h),
-      self.logits(h),
-      context.keys,
-      settings.sampler,
-      settings.dynamic_gamma,
-    )
-    return proposal, T5GemmaFeatureState(cache=cache)
-
-  def propose_tree(
-    self,
-    state: T5GemmaFeatureState,
-    context: drafter.DraftContext,
-    settings: DecodeSettings,
-    shape,
-  ) -> tuple[drafter.TreeProposal, T5GemmaFeatureState]:
-    """The tree level by level; a node reads its parent's predicted
-    feature."""
-    cross = self.cross(context.target_state)
-    h, cache = self._catch_up(state, context, cross, shape.depth)
-    hidden = (
-      jnp.zeros((h.shape[0], shape.num_nodes + 1, h.shape[-1]), jnp.float32)
-      .at[:, 0]
-      .set(h)
-    )
-    parents = shape.parents
-
-    def level_logits(d, fed, tokens, carry):
-      cache, hidden = carry
-      _, attention = shape.draft_attention(d)
-      embedded = self.target.embed(tokens[:, fed])
-      out, cache = self.apply_net(
-        hidden[:, parents[fed]], embedded, cross, cache, attention
-      )
-      return self.logits(out), (cache, hidden.at[:, fed].set(out))
-
-    proposal, (cache, _) = tree_draft.expand(
-      shape,
-      settings.sampler,
-      self.logits(h),
-      level_logits,
-      (cache, hidden),
-      context.keys,
-    )
-    return proposal, T5GemmaFeatureState(cache=cache)
 
 
 def net_config(

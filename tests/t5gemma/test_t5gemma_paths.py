@@ -175,7 +175,8 @@ def test_early_exit_draft_is_the_truncated_model(models):
     keys=None,
     target_state=state,
   )
-  logits, _ = draft._root(cut, draft._synced(context), context)  # pylint: disable=protected-access
+  synced = draft.synced(draft.init_draft(ENCODER, 16), context, 1)
+  logits, _ = draft._root(cut, synced, context)  # pylint: disable=protected-access
   np.testing.assert_allclose(logits, expect[:, 8], atol=2e-4)
   assert not np.allclose(expect, np.asarray(target.logits(ENCODER, dec)))
 
