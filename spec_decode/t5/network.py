@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from spec_decode.core.tree_shape import TreeAttention
 from spec_decode.kernels import ops as kernel_ops
 from spec_decode.layers import dot as dot_lib
+from spec_decode.layers import params as params_lib
 from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import long_attention
 from spec_decode.t5.config import T5Config
@@ -52,15 +53,6 @@ PACKED = 'packed'
 # Rows above which the packed path would switch to einsum: never, so that a
 # row's projections do not depend on the batch size or the number of tokens.
 _PACKED_MAX_K = 1 << 62
-
-
-def _param(module: nn.Module, name: str, init: Callable, shape, axes):
-  return module.param(
-    name,
-    nn.with_logical_partitioning(init, axes),
-    shape,
-    module.config.param_dtype,
-  )
 
 
 def _kernel_init(scale: float = 1.0, distribution: str = 'normal'):
@@ -87,7 +79,7 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = self.dtype or self.config.dtype
-    kernel = _param(
+    kernel = params_lib.param(
       self, 'kernel', self.init, (x.shape[-1], self.features), self.kernel_axes
     )
     if self.has_variable(PACKED, 'kernel'):
@@ -106,7 +98,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = _param(
+    scale = params_lib.param(
       self, 'scale', nn.initializers.ones, (x.shape[-1],), ('embed',)
     )
     x32 = x.astype(jnp.float32)
@@ -122,13 +114,7 @@ class Embed(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embedding = _param(
-      self,
-      'embedding',
-      nn.initializers.normal(1.0),
-      (cfg.vocab_size, cfg.emb_dim),
-      ('vocab', 'embed'),
-    )
+    self.embedding = params_lib.embedding(self, cfg.vocab_size, cfg.emb_dim)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     return jnp.take(self.embedding, tokens, axis=0).astype(self.config.dtype)

@@ -8,13 +8,13 @@ laid out `[B, L, K, Dh]`.
 """
 
 import functools
-from typing import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from spec_decode.layers import dot as dot_lib
+from spec_decode.layers import params as params_lib
 from spec_decode.t5gemma import rope as rope_lib
 from spec_decode.t5gemma.config import StackConfig
 from spec_decode.t5gemma.config import T5GemmaConfig
@@ -22,15 +22,6 @@ from spec_decode.t5gemma.config import T5GemmaConfig
 # Masked scores: finite, so a row with every key masked (a padded query far
 # from any real token) gets uniform weights instead of NaN.
 _MASKED = -1e30
-
-
-def _param(module: nn.Module, name: str, init: Callable, shape, axes):
-  return module.param(
-    name,
-    nn.with_logical_partitioning(init, axes),
-    shape,
-    module.config.param_dtype,
-  )
 
 
 _normal = nn.initializers.normal(0.02)
@@ -45,7 +36,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = _param(
+    scale = params_lib.param(
       self, 'scale', nn.initializers.zeros, (x.shape[-1],), (None,)
     )
     x32 = x.astype(jnp.float32)
@@ -64,7 +55,7 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = self.config.dtype
-    kernel = _param(
+    kernel = params_lib.param(
       self, 'kernel', _normal, (x.shape[-1], self.features), self.axes
     )
     return dot_lib.dot(
@@ -100,15 +91,9 @@ class Embed(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embedding = _param(
-      self,
-      'embedding',
-      nn.initializers.normal(1.0),
-      (cfg.vocab_size, self.emb_dim),
-      ('vocab', 'embed'),
-    )
+    self.embedding = params_lib.embedding(self, cfg.vocab_size, self.emb_dim)
     if self.with_eoi:
-      self.eoi_embedding = _param(
+      self.eoi_embedding = params_lib.param(
         self, 'eoi_embedding', nn.initializers.zeros, (self.emb_dim,), (None,)
       )
 
