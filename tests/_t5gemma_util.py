@@ -131,6 +131,28 @@ def hf_model(version: int, encoder_layers: int = 3, decoder_layers: int = 3,
   return model
 
 
+def gemma_tokenizer(path, tmp_path, lines: int, vocab_size: int) -> None:
+  """Writes `path`/tokenizer.model: a sentencepiece model with Gemma's
+  special ids (pad 0, eos 1, bos 2, unk 3), trained on `lines` made-up
+  lines under `tmp_path`."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  text = tmp_path / 'corpus.txt'
+  text.write_text('\n'.join(f'w{i} x{i * 7} y{i * 13}' for i in range(lines)))
+  spm.SentencePieceTrainer.train(
+    input=str(text),
+    model_prefix=str(tmp_path / 'gemma'),
+    vocab_size=vocab_size,
+    pad_id=0,
+    eos_id=1,
+    bos_id=2,
+    unk_id=3,
+    minloglevel=2,
+    hard_vocab_limit=False,
+  )
+  os.replace(tmp_path / 'gemma.model', os.path.join(path, 'tokenizer.model'))
+
+
 def save(model, directory, **kwargs) -> str:
   """`save_pretrained` into `directory`; returns it."""
   directory = os.fspath(directory)

@@ -16,6 +16,7 @@ import os
 import numpy as np
 import pytest
 from _t5gemma_util import ENCODER
+from _t5gemma_util import gemma_tokenizer
 from _t5gemma_util import hf_logits
 from _t5gemma_util import hf_model
 from _t5gemma_util import save
@@ -37,24 +38,8 @@ CLASSES = {
 
 
 def _gemma_tokenizer(path, tmp_path) -> None:
-  """A sentencepiece model with Gemma's special ids (pad 0, eos 1, bos 2,
-  unk 3) and fewer pieces than the tiny models' 128 rows."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-
-  text = tmp_path / 'corpus.txt'
-  text.write_text('\n'.join(f'w{i} x{i * 7} y{i * 13}' for i in range(300)))
-  spm.SentencePieceTrainer.train(
-    input=str(text),
-    model_prefix=str(tmp_path / 'gemma'),
-    vocab_size=100,
-    pad_id=0,
-    eos_id=1,
-    bos_id=2,
-    unk_id=3,
-    minloglevel=2,
-    hard_vocab_limit=False,
-  )
-  os.replace(tmp_path / 'gemma.model', os.path.join(path, 'tokenizer.model'))
+  """Gemma's special ids, fewer pieces than the tiny models' 128 rows."""
+  gemma_tokenizer(path, tmp_path, lines=300, vocab_size=100)
 
 
 @pytest.fixture(scope='module', params=[1, 2], ids=['t5gemma', 't5gemma2'])

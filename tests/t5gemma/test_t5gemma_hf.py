@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from _t5gemma_util import ENCODER
 from _t5gemma_util import V
+from _t5gemma_util import gemma_tokenizer
 from _t5gemma_util import hf_greedy
 from _t5gemma_util import hf_logits
 from _t5gemma_util import hf_model
@@ -103,24 +104,10 @@ def test_vocabulary_checked_before_weights(pair, tmp_path):
   """A tokenizer.model with more ids than embedding rows is refused
   before any weight is read (the weights file is removed: reading it would
   fail differently)."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
   hf, _ = pair
   path = save(hf, tmp_path / 'vocab')
-  text = tmp_path / 'corpus.txt'
-  text.write_text('\n'.join(f'w{i} x{i * 7} y{i * 13}' for i in range(900)))
-  spm.SentencePieceTrainer.train(
-    input=str(text),
-    model_prefix=str(tmp_path / 'gemma'),
-    vocab_size=160,
-    pad_id=0,
-    eos_id=1,
-    bos_id=2,
-    unk_id=3,
-    minloglevel=2,
-    hard_vocab_limit=False,
-  )
-  os.replace(tmp_path / 'gemma.model', os.path.join(path, 'tokenizer.model'))
+  gemma_tokenizer(path, tmp_path, lines=900, vocab_size=160)
   os.remove(os.path.join(path, 'model.safetensors'))
   with open(os.path.join(path, 'model.safetensors'), 'w') as f:
     f.write('not weights')
