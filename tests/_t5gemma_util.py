@@ -131,14 +131,17 @@ def hf_model(version: int, encoder_layers: int = 3, decoder_layers: int = 3,
   return model
 
 
-def gemma_tokenizer(path, tmp_path, lines: int, vocab_size: int) -> None:
+def gemma_tokenizer(path, tmp_path, lines: int, vocab_size: int,
+                    texts=None) -> None:  # fmt: skip
   """Writes `path`/tokenizer.model: a sentencepiece model with Gemma's
-  special ids (pad 0, eos 1, bos 2, unk 3), trained on `lines` made-up
-  lines under `tmp_path`."""
+  special ids (pad 0, eos 1, bos 2, unk 3), trained on `texts` (default:
+  `lines` made-up lines) under `tmp_path`."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
+  if texts is None:
+    texts = [f'w{i} x{i * 7} y{i * 13}' for i in range(lines)]
   text = tmp_path / 'corpus.txt'
-  text.write_text('\n'.join(f'w{i} x{i * 7} y{i * 13}' for i in range(lines)))
+  text.write_text('\n'.join(texts))
   spm.SentencePieceTrainer.train(
     input=str(text),
     model_prefix=str(tmp_path / 'gemma'),

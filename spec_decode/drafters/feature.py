@@ -51,7 +51,6 @@ for a check at load), and the vocabulary. Load with the target:
 `FeatureDraft.load(path, target)`.
 """
 
-import json
 import os
 from typing import Any
 
@@ -60,9 +59,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
-from spec_decode import checkpoints
 from spec_decode.drafters import feature_t5gemma
 from spec_decode.drafters import on_target
 from spec_decode.kernels import ops as kernel_ops
@@ -72,7 +69,6 @@ from spec_decode.t5 import cache as cache_lib
 from spec_decode.t5 import network
 from spec_decode.t5.config import T5Config
 
-INFO_FILE = 'feature_draft.json'
 _MASK_VALUE = -1e10
 
 
@@ -325,41 +321,36 @@ class FeatureDraft(on_target.FeatureDrafting):
     Raises:
       FileExistsError: `path` exists and is not empty.
     """
-    arrays = jax.tree.map(np.asarray, self.params)
-    path = checkpoints.save_arrays(path, arrays)
-    info = {
-      'num_layers': self.num_layers,
-      'mlp_dim': self.net_config.mlp_dim,
-      'cross_layers': list(self.cross_layers),
-      'target_config': self.target.config.to_dict(),
-    }
-    with open(os.path.join(path, INFO_FILE), 'w') as f:
-      json.dump(info, f, indent=2, sort_keys=True)
-    if self.vocabulary is not None:
-      checkpoints.write_vocabulary(path, self.vocabulary)
+    on_target.save_feature_draft(
+      self,
+      path,
+      {
+        'num_layers': self.num_layers,
+        'mlp_dim': self.net_config.mlp_dim,
+        'cross_layers': list(self.cross_layers),
+      },
+    )
 
   @classmethod
   def load(cls, path: str, target: t5_model.Model) -> 'FeatureDraft':
-    """Reads a draft written by `save`, for `target`.
+    """Reads a draft written by `save`, for `target` (a T5Gemma draft
+    for a T5Gemma target: `T5GemmaFeatureDraft.load`). Checks the
+    family and the target's shape before reading any weights.
 
     Raises:
       FileNotFoundError: `path` holds no feature draft.
-      ValueError: the draft was trained for a target of another shape.
+      ValueError: the draft was trained for another family's target or
+        for a target of another shape.
     """
     path = os.path.abspath(os.fspath(path))
-    info_file = os.path.join(path, INFO_FILE)
-    if not os.path.isfile(info_file):
-      raise FileNotFoundError(f'{path}: no {INFO_FILE}; not a feature draft')
-    with open(info_file) as f:
-      info = json.load(f)
+    if isinstance(target, t5gemma_model.T5GemmaModel):
+      return feature_t5gemma.T5GemmaFeatureDraft.load(path, target)
+    info = on_target.read_feature_info(path, target.config)
     _check_target(info['target_config'], target.config, path)
     cfg = net_config(target.config, info['num_layers'], info['mlp_dim'])
     abstract = jax.eval_shape(lambda: _init_params(cfg, 0))
-    params = ocp.StandardCheckpointer().restore(
-      os.path.join(path, checkpoints.PARAMS_DIR), abstract
-    )
     return cls(
-      params=jax.tree.map(jnp.asarray, params),
+      params=on_target.restore_params(path, abstract),
       target=target,
       net_config=cfg,
       cross_layers=tuple(info['cross_layers']),
@@ -367,7 +358,7 @@ class FeatureDraft(on_target.FeatureDrafting):
 
 
 def is_feature_draft_dir(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, INFO_FILE))
+  return os.path.isfile(os.path.join(path, on_target.INFO_FILE))
 
 
 def net_config(
@@ -438,13 +429,11 @@ _SHAPE_FIELDS = (
 
 
 def _check_target(saved: dict, config: T5Config, path: str) -> None:
-  wrong = [
-    f'{k} {saved.get(k)} != {getattr(config, k)}'
-    for k in _SHAPE_FIELDS
-    if saved.get(k) != getattr(config, k)
-  ]
-  if wrong:
-    raise ValueError(
-      f'{path}: the feature draft was trained for another target '
-      f'({", ".join(wrong)})'
-    )
+  on_target.check_target(
+    path,
+    [
+      f'{k} {saved.get(k)} != {getattr(config, k)}'
+      for k in _SHAPE_FIELDS
+      if saved.get(k) != getattr(config, k)
+    ],
+  )

@@ -23,8 +23,14 @@ draft has one or two layers against the target's many, so a cache that
 grows with the output is small next to the target's global layers.
 
 Exactness: `q` is the sampler's distribution of the logits each token was
-drawn from, whatever the features. Not here yet: training (`spec_decode
-train`'s feature drafts are T5's) and save/load.
+drawn from, whatever the features.
+
+Training is T5's (`train/feature.py`: the same loss and recipe through
+`teacher_forced_from`). Checkpoint (`save`/`load`): `on_target.py`'s
+format, the target's `T5GemmaConfig` in `feature_draft.json`; load with
+the target, `FeatureDraft.load(path, target)` (which hands T5Gemma targets
+here), after the checks that the draft is a T5Gemma one and its target's
+shape is this target's.
 """
 
 from typing import Any
@@ -160,11 +166,16 @@ class T5GemmaFeatureDraft(on_target.FeatureDrafting):
       params = dict(params)
       params['norm'] = dec['norm']
       for i, j in enumerate(cross_layers):
-        params[f'layers_{i}'] = dec[f'layers_{j}']
+        # The draft's own arrays only: not the encoder-side key and value
+        # projections (it reads the target's keys and values).
+        params[f'layers_{i}'] = _like(params[f'layers_{i}'], dec[f'layers_{j}'])
       params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     return cls(
       params=params, target=target, net_config=cfg, cross_layers=cross_layers
     )
+
+  def with_params(self, params: Any) -> 'T5GemmaFeatureDraft':
+    return self.replace(params=jax.tree.map(jnp.asarray, params))
 
   # -- the network ------------------------------------------------------------
   def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
@@ -195,12 +206,17 @@ class T5GemmaFeatureDraft(on_target.FeatureDrafting):
     """Predicted features `[B, T, D]` of inputs 0..T-1, each from the
     target's feature of the input before it."""
     tstate = self.target.init_state(jnp.asarray(encoder_tokens), 1)
-    prev = jnp.pad(target_features[:, :-1], ((0, 0), (1, 0), (0, 0)))
-    pos = jnp.broadcast_to(
-      jnp.arange(decoder_inputs.shape[1]), decoder_inputs.shape
+    return self.teacher_forced_from(
+      self.cross(tstate), decoder_inputs, target_features
     )
-    embedded = self.embed(jnp.asarray(decoder_inputs), pos)
-    return self.apply_net(prev, embedded, self.cross(tstate))[0]
+
+  def teacher_forced_from(self, cross, decoder_inputs, target_features):
+    """`teacher_forced` given the draft layers' keys and values (input 0
+    read as BOS)."""
+    prev = jnp.pad(target_features[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    inputs = jnp.asarray(decoder_inputs)
+    pos = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    return self.apply_net(prev, self.embed(inputs, pos), cross)[0]
 
   # -- drafter protocol -------------------------------------------------------
   def init_draft(self, encoder_tokens, length: int) -> T5GemmaFeatureState:
@@ -209,6 +225,44 @@ class T5GemmaFeatureDraft(on_target.FeatureDrafting):
       cache=cache_lib.RingKVCache.zeros(
         cfg.decoder, encoder_tokens.shape[0], length, _NO_RING, cfg.dtype
       )
+    )
+
+  # -- checkpoints ------------------------------------------------------------
+  def save(self, path: str) -> None:
+    """Writes the draft network to a new directory `path` (module
+    docstring); the target is not saved.
+
+    Raises:
+      FileExistsError: `path` exists and is not empty.
+    """
+    on_target.save_feature_draft(
+      self,
+      path,
+      {'num_layers': self.num_layers, 'cross_layers': list(self.cross_layers)},
+    )
+
+  @classmethod
+  def load(cls, path: str, target) -> 'T5GemmaFeatureDraft':
+    """Reads a draft written by `save`, for the `T5GemmaModel` `target`.
+
+    Raises:
+      FileNotFoundError: `path` holds no feature draft.
+      ValueError: it is a T5 draft, or was trained for a target of another
+        shape (checked before any weights are read).
+    """
+    info = on_target.read_feature_info(path, target.config)
+    _check_target(info['target_config'], target.config, path)
+    cross_layers = on_target.cross_layers_for(
+      info['num_layers'], target.config.decoder.num_layers,
+      info['cross_layers'],
+    )  # fmt: skip
+    cfg = net_config(target.config, cross_layers)
+    abstract = jax.eval_shape(lambda: _init_params(cfg, 0))
+    return cls(
+      params=on_target.restore_params(path, abstract),
+      target=target,
+      net_config=cfg,
+      cross_layers=cross_layers,
     )
 
 
@@ -226,6 +280,46 @@ def net_config(
     }
   )
   return target_config.replace(decoder=decoder, ring_margin=_NO_RING)
+
+
+# The target's fields a trained draft depends on: its width and heads (the
+# draft's layers are the target's shape and read its keys), its vocabulary
+# and head, and its decoder layers (each draft layer reads one, of its type).
+_SHAPE_FIELDS = ('version', 'vocab_size', 'final_logit_softcap')
+_STACK_FIELDS = (
+  'emb_dim',
+  'mlp_dim',
+  'num_heads',
+  'num_kv_heads',
+  'head_dim',
+  'num_layers',
+  'layer_types',
+  'sliding_window',
+)
+
+
+def _check_target(saved: dict, config: T5GemmaConfig, path: str) -> None:
+  here = config.to_dict()
+  pairs = [(k, saved.get(k), here[k]) for k in _SHAPE_FIELDS] + [
+    (f'decoder.{k}', saved['decoder'].get(k), here['decoder'][k])
+    for k in _STACK_FIELDS
+  ]
+  on_target.check_target(
+    path,
+    [
+      f'{k} {a} != {b}'
+      for k, a, b in pairs
+      if (list(a) if isinstance(a, tuple | list) else a)
+      != (list(b) if isinstance(b, tuple | list) else b)
+    ],
+  )
+
+
+def _like(like: Any, source: Any) -> Any:
+  """`source`'s entries at the keys of the nested dict `like`."""
+  if not isinstance(like, dict):
+    return source
+  return {k: _like(v, source[k]) for k, v in like.items()}
 
 
 def _init_params(cfg: T5GemmaConfig, seed: int) -> Any:

@@ -18,12 +18,24 @@ family's class inherits them and supplies the few methods they call:
     inputs 0..n-1; a family that copies slots from the target's cache
     copies those of the last `width` inputs) and `next_state(state,
     decode_state)` (the draft's state after a call).
+
+A feature draft's checkpoint is one format for both families
+(`save_feature_draft`, `read_feature_info`, `restore_params`): `params/`
+(orbax, the draft network only), `feature_draft.json` (its shape,
+`cross_layers`, and the target's config, whose `family` says which
+family's draft it is) and the vocabulary.
 """
 
+import json
+import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
 
+from spec_decode import checkpoints
 from spec_decode.core import drafter
 from spec_decode.core import model_drafter
 from spec_decode.core import tree_draft
@@ -68,6 +80,77 @@ def cross_layers_for(
       f'[0, {layers}), got {cross_layers}'
     )
   return cross_layers
+
+
+INFO_FILE = 'feature_draft.json'
+FAMILY_NAMES = {'t5': 'T5', 't5gemma': 'T5Gemma'}
+
+
+def family_of(config: Any) -> str:
+  """'t5gemma' for a `T5GemmaConfig`, 't5' for a `T5Config` (or either's
+  `to_dict()`: a T5 config's has no family)."""
+  d = config if isinstance(config, dict) else config.to_dict()
+  return d.get('family', 't5')
+
+
+def save_feature_draft(draft: Any, path: str, info: dict) -> None:
+  """Writes `draft`'s network (`draft.params`), `info` plus the target's
+  config, and its vocabulary to a new directory `path`.
+
+  Raises:
+    FileExistsError: `path` exists and is not empty.
+  """
+  path = checkpoints.save_arrays(path, jax.tree.map(np.asarray, draft.params))
+  info = dict(info, target_config=draft.target.config.to_dict())
+  with open(os.path.join(path, INFO_FILE), 'w') as f:
+    json.dump(info, f, indent=2, sort_keys=True)
+  if draft.vocabulary is not None:
+    checkpoints.write_vocabulary(path, draft.vocabulary)
+
+
+def read_feature_info(path: str, target_config: Any) -> dict:
+  """The `feature_draft.json` of the draft in `path`, after the check that
+  it was saved for `target_config`'s family.
+
+  Raises:
+    FileNotFoundError: `path` holds no feature draft.
+    ValueError: it is a draft for the other family's targets.
+  """
+  info_file = os.path.join(path, INFO_FILE)
+  if not os.path.isfile(info_file):
+    raise FileNotFoundError(f'{path}: no {INFO_FILE}; not a feature draft')
+  with open(info_file) as f:
+    info = json.load(f)
+  saved, here = family_of(info['target_config']), family_of(target_config)
+  if saved != here:
+    raise ValueError(
+      f'{path}: a feature draft trained for a {FAMILY_NAMES[saved]} target '
+      f'cannot draft for a {FAMILY_NAMES[here]} target (train one on it: '
+      '`spec-decode train` with `feature.train_feature`)'
+    )
+  return info
+
+
+def check_target(path: str, wrong: list[str]) -> None:
+  """Refuses a draft whose saved target differs in the fields `wrong`
+  lists (`'name saved != target's'` each).
+
+  Raises:
+    ValueError: `wrong` is not empty.
+  """
+  if wrong:
+    raise ValueError(
+      f'{path}: the feature draft was trained for another target '
+      f'({", ".join(wrong)})'
+    )
+
+
+def restore_params(path: str, abstract: Any) -> Any:
+  """The network's parameters in `path/params`, shaped as `abstract`."""
+  params = ocp.StandardCheckpointer().restore(
+    os.path.join(path, checkpoints.PARAMS_DIR), abstract
+  )
+  return jax.tree.map(jnp.asarray, params)
 
 
 def cross_of(cross: Any, layers: Any) -> Any:

@@ -115,6 +115,12 @@ class T5GemmaModel:
     )
     return nn.get_partition_spec(boxed)['params']
 
+  def unpacked(self) -> 'T5GemmaModel':
+    """Itself: a T5Gemma model's weights are never packed for the CPU
+    kernel (what T5's `Model.unpacked` undoes), so training reads them as
+    they are."""
+    return self
+
   # -- inputs ---------------------------------------------------------------
   def check_encoder_tokens(self, tokens: np.ndarray) -> None:
     """Refuses image inputs (T5Gemma 2's vision tower is not implemented).

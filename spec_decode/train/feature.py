@@ -10,7 +10,10 @@ the same as for LM and heads training.
         --model_dir=runs/demo/feature [--gin.TRAIN_STEPS=600]
 
 What a run does:
-  * loads the frozen target (`target_path`, any `Model.load` path);
+  * loads the frozen target (`target_path`, any `Model.load` path: a T5
+    or a T5Gemma / T5Gemma 2 target, whose draft then has T5Gemma layers,
+    `drafters.feature_t5gemma`; the recipe and the settings are the same,
+    except `mlp_dim`, which a T5Gemma draft does not take);
   * the training outputs are the target's own greedy outputs on the task's
     train inputs (`targets='greedy'`, decoded once and cached in
     `<model_dir>/greedy_<split>.npz` as heads training does), the task's
@@ -111,9 +114,9 @@ def feature_loss(
   tstate = jax.lax.stop_gradient(target.init_state(inputs, 1))
   cross = draft.cross(tstate)
   read = features if noise is None else features + noise
-  prev = jnp.pad(read[:, :-1], ((0, 0), (1, 0), (0, 0)))
-  dec_inputs = t5_model.shift_right(targets)
-  predicted = draft.apply_net(prev, dec_inputs, cross)[0]
+  predicted = draft.teacher_forced_from(
+    cross, t5_model.shift_right(targets), read
+  )
   weights = (targets != PAD_ID).astype(jnp.float32)
   count = jnp.maximum(weights.sum(), 1.0)
   l_feat = jnp.mean(optax.huber_loss(predicted, features, delta=1.0), -1)
@@ -197,7 +200,8 @@ class FeatureTrainSettings:
     target_path: the frozen target (a `Model.load` path; a relative path is
       also looked up in the repository, `paths.resolve`).
     num_layers: draft decoder layers.
-    mlp_dim: their MLP width (None: the target's).
+    mlp_dim: their MLP width (None: the target's; a T5Gemma target takes
+      only None).
     from_target: start the draft layers as copies of the target's last
       layers (`FeatureDraft.init`).
     task: a `tasks.task_names()` name or a seqio task.
