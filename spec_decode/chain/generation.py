@@ -241,9 +241,12 @@ def decode_settings(
     gamma = 1  # Plain decoding ignores gamma.
   elif auto:
     gamma = max_auto_gamma  # 'auto' picks up to max_auto_gamma.
+  # The loop is sized by the most any iteration drafts; the top-level
+  # gamma is that most (the auto loop sets each iteration's own).
   return DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
+    width=int(gamma),
     gamma=int(gamma),
     verifier=verifier or rejection.ExactVerifier(float(lenience)),
     eos_id=eos_id,
@@ -259,14 +262,14 @@ def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:
   gamma-0 iteration keys its token as a plain step does), counted as
   gamma-0 iterations."""
   plain = dataclasses.replace(
-    settings, gamma=1, gamma_policy=False, dynamic_gamma=0.0
+    settings, width=1, gamma=1, gamma_policy=False, dynamic_gamma=0.0
   )
   out, lengths = placement.to_host(
     loops.plain_decode_jit(model, enc, keys, settings=plain)
   )
   out, lengths = out[:batch], lengths[:batch]
   steps = jnp.asarray(lengths, jnp.int32)
-  counters = SpecCounters.zeros(batch, settings.gamma, with_gammas=True)
+  counters = SpecCounters.zeros(batch, settings.width, with_gammas=True)
   counters = counters.replace(
     iterations=steps,
     gamma_histogram=counters.gamma_histogram.at[:, 0].set(steps),

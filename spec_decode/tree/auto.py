@@ -35,7 +35,6 @@ uses (those are keyed by later positions), so the output is the target's
 distribution whatever the choice (as with gamma='auto').
 """
 
-import dataclasses
 import functools
 import math
 
@@ -183,7 +182,7 @@ def iteration_seconds(
         draft,
         enc,
         keys,
-        settings=dataclasses.replace(settings, gamma=shape.depth),
+        settings=loop.settings_for(settings, shape),
         shape=shape,
         room=(MAX_NODES, MAX_DEPTH),
         max_iterations=limit,

@@ -9,7 +9,6 @@ the tokens' provenance (`core.provenance`: the accepted path, each node's
 rank among its siblings, the target's token and the rejected child).
 """
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -21,7 +20,6 @@ from spec_decode.core import placement
 from spec_decode.core import provenance
 from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.counters import SpecCounters
-from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.tree import auto as tree_auto
 from spec_decode.tree import loop as tree_loop
 
@@ -69,13 +67,6 @@ def is_auto(tree: Any) -> bool:
   return inputs.is_auto(tree)
 
 
-def settings_for(
-  settings: DecodeSettings, shape: tree_lib.TreeShape
-) -> DecodeSettings:
-  """The loop's settings: gamma is the tree's depth."""
-  return dataclasses.replace(settings, gamma=shape.depth, dynamic_gamma=0.0)
-
-
 def run(model, draft, enc, keys, settings, shape, batch):
   """`generate`'s tree path: a fixed shape, or 'auto' (shape None)."""
   if shape is None:
@@ -101,7 +92,7 @@ def decode(model, draft, enc, keys, settings, shape, batch):
       draft,
       enc,
       keys,
-      settings=settings_for(settings, shape),
+      settings=tree_loop.settings_for(settings, shape),
       shape=shape,
     )
   )
@@ -133,7 +124,7 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     draft,
     enc,
     keys,
-    settings=settings_for(settings, calibration),
+    settings=tree_loop.settings_for(settings, calibration),
     shape=calibration,
     room=room,
     max_iterations=tree_auto.calibration_iterations(settings.max_decode_len),
@@ -150,7 +141,7 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     draft,
     enc,
     keys,
-    settings=settings_for(settings, shape),
+    settings=tree_loop.settings_for(settings, shape),
     shape=shape,
     state=state,
   )
