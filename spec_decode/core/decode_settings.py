@@ -61,13 +61,15 @@ class DecodeSettings:
   width: int | None = None
 
   def __post_init__(self):
-    width, gamma = self.width, self.gamma
+    # Each checked as given, before it stands in for the other.
+    width, gamma = (
+      None if v is None else inputs.check_int(f'DecodeSettings.{name}', v, 1)
+      for name, v in (('width', self.width), ('gamma', self.gamma))
+    )
     if width is None:
       width = DEFAULT_GAMMA if gamma is None else gamma
     if gamma is None:
       gamma = width
-    width = inputs.check_int('DecodeSettings.width', width, 1)
-    gamma = inputs.check_int('DecodeSettings.gamma', gamma, 1)
     if gamma > width:
       raise ValueError(
         f'DecodeSettings.gamma ({gamma}) exceeds its width ({width}): an '
