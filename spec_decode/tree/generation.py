@@ -87,13 +87,8 @@ def decode(model, draft, enc, keys, settings, shape, batch):
   tree report and the tokens' provenance (host numpy, the first `batch`
   rows)."""
   out, lengths, counters, record = placement.to_host(
-    tree_loop.tree_decode_jit(
-      model,
-      draft,
-      enc,
-      keys,
-      settings=tree_loop.settings_for(settings, shape),
-      shape=shape,
+    tree_loop.run_jit(
+      tree_loop.tree_decode_jit, model, draft, enc, keys, settings, shape
     )
   )
   counters = jax.tree.map(lambda x: np.asarray(x)[:batch], counters)
@@ -119,13 +114,14 @@ def decode_auto(model, draft, enc, keys, settings, batch):
   """
   calibration = tree_lib.from_branching(tree_auto.CALIBRATION)
   room = (max(calibration.num_nodes, tree_auto.MAX_NODES), tree_auto.MAX_DEPTH)
-  state = tree_loop.start_and_iterate_jit(
+  state = tree_loop.run_jit(
+    tree_loop.start_and_iterate_jit,
     model,
     draft,
     enc,
     keys,
-    settings=tree_loop.settings_for(settings, calibration),
-    shape=calibration,
+    settings,
+    calibration,
     room=room,
     max_iterations=tree_auto.calibration_iterations(settings.max_decode_len),
   )
@@ -136,14 +132,8 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     model, draft, enc, settings, cal['rank_acceptance']
   )
   shape = tree_lib.from_paths(choice['paths'])
-  state = tree_loop.go_on_jit(
-    model,
-    draft,
-    enc,
-    keys,
-    settings=tree_loop.settings_for(settings, shape),
-    shape=shape,
-    state=state,
+  state = tree_loop.run_jit(
+    tree_loop.go_on_jit, model, draft, enc, keys, settings, shape, state=state
   )
   (out, lengths), counters, record = placement.to_host(
     (loop_state.outputs(state, settings), state.counters, state.provenance)

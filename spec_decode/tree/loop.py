@@ -268,7 +268,10 @@ def tree_decode(
   return tokens, lengths, state.counters, state.provenance
 
 
-tree_decode_jit = jax.jit(tree_decode, static_argnames=('settings', 'shape'))
+# Every tree-loop program is compiled for its settings and its tree.
+_STATIC = ('settings', 'shape')
+
+tree_decode_jit = jax.jit(tree_decode, static_argnames=_STATIC)
 
 
 def _start_and_iterate(
@@ -284,7 +287,7 @@ def _start_and_iterate(
 # The first iterations of a decode that may go on with another tree:
 # `room` (num_nodes, depth) is the largest tree it may go on with.
 start_and_iterate_jit = jax.jit(
-  _start_and_iterate, static_argnames=('settings', 'shape', 'room')
+  _start_and_iterate, static_argnames=_STATIC + ('room',)
 )
 
 
@@ -298,4 +301,22 @@ def _go_on(
 
 
 # Goes on from a state with another tree (fresh counters), to the end.
-go_on_jit = jax.jit(_go_on, static_argnames=('settings', 'shape'))
+go_on_jit = jax.jit(_go_on, static_argnames=_STATIC)
+
+
+def run_jit(
+  program, target, draft, encoder_tokens, row_keys, settings, shape, **more
+):
+  """`program` (`tree_decode_jit`, `start_and_iterate_jit`, `go_on_jit`)
+  with a tree: its static arguments written once, the decode's `settings`
+  made the tree's (`settings_for`) and the `shape`; `more`: the program's
+  own (`room`, `max_iterations`, `state`)."""
+  return program(
+    target,
+    draft,
+    encoder_tokens,
+    row_keys,
+    settings=settings_for(settings, shape),
+    shape=shape,
+    **more,
+  )
