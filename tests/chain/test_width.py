@@ -10,11 +10,10 @@ a sizing site read gamma, the token buffer, the window or the counters
 would be gamma wide and these tests fail.
 """
 
-from typing import Any
-
 import flax.struct
 import numpy as np
 import pytest
+from _distribution_util import WrappedDrafter
 from conftest import encoder_batch
 
 import spec_decode as sd
@@ -29,25 +28,12 @@ W = 5
 
 
 @flax.struct.dataclass(kw_only=True)
-class Recording:
-  """The target's own greedy draft; notes what each `propose` saw."""
+class Recording(WrappedDrafter):
+  """The wrapped drafter, noting what each `propose` call saw."""
 
-  inner: Any
   seen: list = flax.struct.field(pytree_node=False)
 
-  uses_target_features = True
   uses_recent_features = True
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  @property
-  def vocabulary(self):
-    return self.inner.vocabulary
-
-  def init_draft(self, enc, length):
-    return self.inner.init_draft(enc, length)
 
   def propose(self, state, context, settings):
     self.seen.append(
@@ -59,7 +45,7 @@ class Recording:
         keys=context.keys.shape[1],
       )
     )
-    return self.inner.propose(state, context, settings)
+    return super().propose(state, context, settings)
 
 
 @pytest.fixture(scope='module')
@@ -73,7 +59,9 @@ def plain(target, enc):
 
 
 def _decode(target, enc, settings, policy=None):
-  draft = Recording(inner=model_drafter.as_drafter(target), seen=[])
+  draft = Recording(
+    inner=model_drafter.as_drafter(target), uses_target_features=True, seen=[]
+  )
   tokens, lengths, counters, _ = loops.speculative_decode_jit(
     target,
     draft,
