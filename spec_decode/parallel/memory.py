@@ -21,7 +21,6 @@ import jax
 import numpy as np
 
 from spec_decode.core import placement as placement_lib
-from spec_decode.core.decode_settings import DecodeSettings
 
 
 def _nbytes(shape, dtype) -> int:
@@ -100,7 +99,8 @@ def decode_bytes(
           getattr(draft, 'vocabulary', None),
           partitioner=mesh.replicated(),
         )
-  buffer_len = DecodeSettings(max_decode_len, width=width).buffer_len
+  # `DecodeSettings.buffer_len` (the model tower reads no decode settings).
+  buffer_len = max_decode_len + width + 2
   out = {
     'target_params': param_bytes_per_device(target),
     'target_cache': cache_bytes_per_device(
