@@ -47,7 +47,7 @@ def auto_decode(
     draft: a drafter (`core.drafter.Drafter`) or any language model.
     encoder_tokens: `[B, S] int32`.
     row_keys: `[B]` PRNG keys.
-    settings: static settings (`gamma` is G, the largest gamma).
+    settings: static settings (`width` is G, the largest gamma).
     policy: the policy's run-time inputs.
 
   Returns:
@@ -57,7 +57,7 @@ def auto_decode(
   """
   if policy is None:
     raise ValueError('a gamma policy needs its PolicyInputs')
-  gmax = settings.gamma
+  gmax = settings.width
   it = steps.Iteration.create(target, draft, encoder_tokens, row_keys, settings)
   # A language-model draft's cache must hold every earlier input; after
   # plain (gamma 0) steps it is caught up before drafting.

@@ -59,7 +59,7 @@ def measure(
     draft: the draft (model or drafter).
     encoder_tokens: `[B, S]` inputs with the decode's shapes (placed as the
       decode places them).
-    settings: the auto decode's settings (`gamma_policy` set, gamma = G).
+    settings: the auto decode's settings (`gamma_policy` set, width = G).
     repeats: timed rounds (medians).
     iterations: iterations per timing decode.
     retry_rounds: more rounds for the suspects (0: none).
@@ -69,7 +69,7 @@ def measure(
   keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(
     jnp.arange(batch, dtype=jnp.uint32)
   )
-  g_max = settings.gamma
+  g_max = settings.width
 
   def run(g: int, limit: int) -> int:
     policy = finish_time.PolicyInputs.create(

@@ -24,7 +24,8 @@ def fixed_decode(
   row_keys: jax.Array,
   settings: DecodeSettings,
 ) -> tuple[jax.Array, jax.Array, SpecCounters, Record | None]:
-  """Algorithm 1 in a loop at gamma `settings.gamma`.
+  """Algorithm 1 in a loop at gamma `settings.gamma` (sized by
+  `settings.width`, which is gamma when `generate` builds the settings).
 
   Args:
     target: the target language model.

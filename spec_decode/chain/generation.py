@@ -15,6 +15,7 @@ from spec_decode.core import placement
 from spec_decode.core import provenance as provenance_lib
 from spec_decode.core import rejection
 from spec_decode.core import sampling
+from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.counters import SpecStats
 from spec_decode.core.decode_settings import DecodeSettings
@@ -139,19 +140,57 @@ def generate(
     dynamic_gamma=dynamic_gamma,
     max_auto_gamma=max_auto_gamma,
   )
-  auto = settings.gamma_policy
-  tree_shape = None
+  tree_shape = _tree_shape(
+    model, draft, tree, settings, verifier, lenience, dynamic_gamma
+  )
+  model, draft, enc, keys, batch = _placed(model, draft, encoder_tokens, seed)
   if tree is not None:
-    if auto:
-      raise ValueError("tree= replaces gamma; leave gamma='auto' out")
-    tree_shape = tree_generation.check(
-      model,
-      draft,
-      tree,
-      verifier,
-      lenience,
-      _confidence_threshold(dynamic_gamma),
+    out, lengths, counters, report, prov = tree_generation.run(
+      model, draft, enc, keys, settings, tree_shape, batch
     )
+    stats = SpecStats.from_counters(counters, lengths)
+    return GenerateOutput(out, lengths, stats, tree=report, provenance=prov)
+  if draft is None:
+    out, lengths = placement.to_host(
+      loops.plain_decode_jit(model, enc, keys, settings=settings)
+    )
+    return GenerateOutput(out[:batch], lengths[:batch], None)
+  if not settings.gamma_policy:
+    return _speculative(model, draft, enc, keys, settings, batch)
+  return _auto(model, draft, enc, keys, settings, batch)
+
+
+def _tree_shape(
+  model, draft, tree, settings, verifier, lenience, dynamic_gamma
+) -> tree_lib.TreeShape | None:
+  """`tree=` checked (`tree_generation.check`): its static shape, None
+  for tree='auto' (and for no tree)."""
+  if tree is None:
+    return None
+  if settings.gamma_policy:
+    raise ValueError("tree= replaces gamma; leave gamma='auto' out")
+  return tree_generation.check(
+    model,
+    draft,
+    tree,
+    verifier,
+    lenience,
+    _confidence_threshold(dynamic_gamma),
+  )
+
+
+def _placed(
+  model, draft, encoder_tokens, seed
+) -> tuple[Any, Any, jax.Array, jax.Array, int]:
+  """The models and inputs as the loop takes them: the tokens checked, a
+  draft checked against the model and made its drafting copy, the row keys,
+  and everything placed on the models' mesh (rows padded to the `data`
+  axis) when they are sharded.
+
+  Returns:
+    model, draft, encoder tokens `[B', S]`, row keys `[B']` and B, the
+    caller's rows (B' >= B on a mesh).
+  """
   spans_hosts = placement.is_global(encoder_tokens)
   tokens = inputs.check_model_tokens(
     model, placement.local_data(encoder_tokens)
@@ -174,19 +213,12 @@ def generate(
     )
   else:
     enc = jnp.asarray(tokens)
-  if tree is not None:
-    out, lengths, counters, report, prov = tree_generation.run(
-      model, draft, enc, keys, settings, tree_shape, batch
-    )
-    stats = SpecStats.from_counters(counters, lengths)
-    return GenerateOutput(out, lengths, stats, tree=report, provenance=prov)
-  if draft is None:
-    out, lengths = placement.to_host(
-      loops.plain_decode_jit(model, enc, keys, settings=settings)
-    )
-    return GenerateOutput(out[:batch], lengths[:batch], None)
-  if not auto:
-    return _speculative(model, draft, enc, keys, settings, batch)
+  return model, draft, enc, keys, batch
+
+
+def _auto(model, draft, enc, keys, settings, batch) -> GenerateOutput:
+  """gamma='auto': the policy's costs, then its loop (or plain decoding's
+  program where no gamma >= 1 could pay), and what it used and did."""
   # The policy's costs: measured on this program (forced gammas, their own
   # keys) or read from the cache; never from this decode's draws.
   seconds, cache = auto_costs.iteration_seconds(model, draft, enc, settings)
@@ -241,9 +273,12 @@ def decode_settings(
     gamma = 1  # Plain decoding ignores gamma.
   elif auto:
     gamma = max_auto_gamma  # 'auto' picks up to max_auto_gamma.
+  # The loop is sized by the most any iteration drafts; the top-level
+  # gamma is that most (the auto loop sets each iteration's own).
   return DecodeSettings(
     max_decode_len=int(max_decode_len),
     sampler=sampler,
+    width=int(gamma),
     gamma=int(gamma),
     verifier=verifier or rejection.ExactVerifier(float(lenience)),
     eos_id=eos_id,
@@ -259,14 +294,14 @@ def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:
   gamma-0 iteration keys its token as a plain step does), counted as
   gamma-0 iterations."""
   plain = dataclasses.replace(
-    settings, gamma=1, gamma_policy=False, dynamic_gamma=0.0
+    settings, width=1, gamma=1, gamma_policy=False, dynamic_gamma=0.0
   )
   out, lengths = placement.to_host(
     loops.plain_decode_jit(model, enc, keys, settings=plain)
   )
   out, lengths = out[:batch], lengths[:batch]
   steps = jnp.asarray(lengths, jnp.int32)
-  counters = SpecCounters.zeros(batch, settings.gamma, with_gammas=True)
+  counters = SpecCounters.zeros(batch, settings.width, with_gammas=True)
   counters = counters.replace(
     iterations=steps,
     gamma_histogram=counters.gamma_histogram.at[:, 0].set(steps),

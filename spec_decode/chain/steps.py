@@ -29,7 +29,9 @@ from spec_decode.core.counters import SpecCounters
 @dataclasses.dataclass(frozen=True)
 class Iteration(loop_state.Loop):
   """What every iteration of one chain decode closes over
-  (`core.loop_state.Loop`; `settings.gamma` is G, the largest gamma)."""
+  (`core.loop_state.Loop`; `settings.width` is G, the largest gamma; an
+  iteration drafts the g it is given, handing the drafter the settings with
+  `gamma` = g)."""
 
   def init(
     self,
@@ -41,10 +43,10 @@ class Iteration(loop_state.Loop):
     and its own fields `more`: gamma='auto''s `AutoState`)."""
     settings = self.settings
     counters = SpecCounters.zeros(
-      self.encoder_tokens.shape[0], settings.gamma, with_gammas
+      self.encoder_tokens.shape[0], settings.width, with_gammas
     )
     # The window of the inputs one iteration can commit (G + 1).
-    return self.first_state(state_type, counters, settings.gamma + 1, **more)
+    return self.first_state(state_type, counters, settings.width + 1, **more)
 
   def _score(self, tgt, tokens):
     """Target logits `[B, T, V]`, features `[B, T, D]` (or None), state."""
@@ -56,7 +58,7 @@ class Iteration(loop_state.Loop):
   def draft(self, state: loop_state.SpecState, g: int) -> loop_state.SpecState:
     """One iteration at gamma `g` (1 <= g <= G): Algorithm 1 per row."""
     settings = self.settings
-    gmax = settings.gamma
+    gmax = settings.width
     n = state.length
     # Under gamma='auto' the previous iteration may have drafted (and
     # accepted) up to G tokens, more than this one drafts.

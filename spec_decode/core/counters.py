@@ -62,8 +62,9 @@ class SpecCounters:
     node_accepts: `[B, N]` iterations that accepted node i + 1 and output
       it (the tree loop; None for chains).
 
-  A tree decode's G is its depth D: position d is depth d + 1, tested when
-  any node there was tested.
+  G is the decode's width (`DecodeSettings.width`: the fixed gamma, the
+  largest under gamma='auto'); a tree decode's is its depth D: position d
+  is depth d + 1, tested when any node there was tested.
   """
 
   iterations: jax.Array
@@ -78,19 +79,21 @@ class SpecCounters:
 
   @classmethod
   def zeros(
-    cls, batch: int, gamma: int, with_gammas: bool = False, num_nodes: int = 0
+    cls, batch: int, width: int, with_gammas: bool = False, num_nodes: int = 0
   ) -> 'SpecCounters':
-    """Zero counters `gamma` positions wide; with the gamma histogram
-    (`with_gammas`) and the per-node counts of a tree (`num_nodes` > 0)."""
+    """Zero counters `width` positions wide (the decode's
+    `DecodeSettings.width`: its gamma histogram has gammas 0..width); with
+    the gamma histogram (`with_gammas`) and the per-node counts of a tree
+    (`num_nodes` > 0)."""
     z = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
     return cls(
       iterations=z(),
-      accepted_histogram=z(gamma + 1),
-      position_tries=z(gamma),
-      position_accepts=z(gamma),
+      accepted_histogram=z(width + 1),
+      position_tries=z(width),
+      position_accepts=z(width),
       beta_sum=jnp.zeros((batch,), jnp.float32),
       proposed=z(),
-      gamma_histogram=z(gamma + 1) if with_gammas else None,
+      gamma_histogram=z(width + 1) if with_gammas else None,
       node_tries=z(num_nodes) if num_nodes else None,
       node_accepts=z(num_nodes) if num_nodes else None,
     )

@@ -168,8 +168,10 @@ class Drafter(Protocol):
       state: this drafter's state from the previous iteration (or
         `init_draft`).
       context: the row's inputs, length, keys (and target features).
-      settings: the loop's `DecodeSettings`: `gamma`, `sampler` (the same
-        logits -> distribution map the target uses; greedy when
+      settings: the loop's `DecodeSettings`: `gamma` (the tokens to
+        propose now; under gamma='auto' each iteration's own, at most
+        `width`, the most any iteration of the decode drafts), `sampler`
+        (the same logits -> distribution map the target uses; greedy when
         `sampler.is_greedy`), `dynamic_gamma`.
     """
     ...
@@ -185,10 +187,10 @@ class Drafter(Protocol):
     """Proposes the nodes of `shape` (a static `core.tree_shape.TreeShape`).
 
     `context.keys` are `[B, D]`, one per depth (output token n + d); the
-    tree loop passes the `settings` with `gamma` = D. Exactness needs, per
-    node, that its token was drawn from its `q` given its path and its
-    elder siblings, and that `valid` depends on nothing the verifier draws
-    (`tree/verification.py`).
+    tree loop passes the `settings` with `gamma` = `width` = D
+    (`tree.loop.settings_for`). Exactness needs, per node, that its token
+    was drawn from its `q` given its path and its elder siblings, and that
+    `valid` depends on nothing the verifier draws (`tree/verification.py`).
     """
     ...
 

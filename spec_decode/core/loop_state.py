@@ -2,8 +2,9 @@
 the step every speculative iteration ends with.
 
 States (`flax.struct` pytrees; shapes: `B` rows, `M` max_decode_len, `W`
-the widest block an iteration may write: gamma, the largest gamma under
-gamma='auto', or a tree's depth; `D` the target's feature width):
+the widest block an iteration may write, `DecodeSettings.width`: the fixed
+gamma, the largest gamma under gamma='auto', or a tree's depth; `D` the
+target's feature width):
   * `PlainState`: plain decoding, and what every loop shares;
   * `SpecState`: a speculative loop (the fixed-gamma chain and the tree
     loop) adds the draft, the counters, the feature window and the
@@ -348,7 +349,7 @@ class Loop:
     self,
     state_type: type[SpecState],
     counters: SpecCounters,
-    width: int,
+    window: int,
     buffer_len: int | None = None,
     cache_len: int | None = None,
     **more: Any,
@@ -358,7 +359,8 @@ class Loop:
     Args:
       state_type: `SpecState` or a subclass.
       counters: zero counters.
-      width: the most inputs one iteration commits (the feature window's).
+      window: the most inputs one iteration commits (the feature window's:
+        W + 1).
       buffer_len: the token buffer's length (`init_plain`).
       cache_len: the models' cache length (default `buffer_len`).
       **more: the subclass's own fields.
@@ -372,7 +374,9 @@ class Loop:
       **shared_fields(start),
       draft=self.proposer.init_draft(enc, cache_len),
       counters=counters,
-      features=drafter.feature_window(self.proposer, self.target, batch, width),
+      features=drafter.feature_window(
+        self.proposer, self.target, batch, window
+      ),
       provenance=(
         provenance_lib.Record.zeros(batch, buffer_len)
         if settings.provenance
@@ -382,11 +386,11 @@ class Loop:
     )
 
   def context(
-    self, state: SpecState, width: int, max_accepted: int | None
+    self, state: SpecState, depth: int, max_accepted: int | None
   ) -> drafter.DraftContext:
-    """What the drafter reads to propose `width` tokens (a chain's g, a
+    """What the drafter reads to propose `depth` tokens (a chain's g, a
     tree's depth) after `state`; `max_accepted`: the most tokens the last
-    iteration may have accepted, when more than `width`
+    iteration may have accepted, when more than `depth`
     (`core.drafter.accepted_bound`)."""
     n = state.length
     return drafter.DraftContext(
@@ -395,7 +399,7 @@ class Loop:
       encoder_tokens=self.encoder_tokens,
       keys=sampling.position_keys(
         self.row_keys,
-        n[:, None] + 1 + jnp.arange(width)[None],
+        n[:, None] + 1 + jnp.arange(depth)[None],
         verified_block.SAMPLE,
       ),
       **drafter.context_reads(self.proposer, state.features, state.target),

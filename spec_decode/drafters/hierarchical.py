@@ -192,8 +192,11 @@ def _take(inputs: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def _inner_settings(settings: DecodeSettings, gamma: int) -> DecodeSettings:
-  """The loop's settings with the inner gamma (and no dynamic gamma)."""
-  return dataclasses.replace(settings, gamma=gamma, dynamic_gamma=0.0)
+  """The loop's settings with the inner gamma as width and gamma (and no
+  dynamic gamma): the sub-draft proposes k tokens per inner iteration."""
+  return dataclasses.replace(
+    settings, width=gamma, gamma=gamma, dynamic_gamma=0.0
+  )
 
 
 @flax.struct.dataclass

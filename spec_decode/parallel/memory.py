@@ -52,7 +52,7 @@ def cache_bytes_per_device(
       and values of the inputs and the self-attention KV cache).
     batch: rows (after padding to the `data` axis).
     input_len: encoder tokens per row (S).
-    buffer_len: decoder slots (`max_decode_len + gamma + 2`).
+    buffer_len: decoder slots (`DecodeSettings.buffer_len`).
   """
   if not hasattr(lm, 'init_state'):
     return 0
@@ -74,9 +74,11 @@ def decode_bytes(
   batch: int,
   input_len: int,
   max_decode_len: int,
-  gamma: int,
+  width: int,
 ) -> dict[str, int]:
-  """Parameter and cache bytes per device of a speculative decode.
+  """Parameter and cache bytes per device of a speculative decode whose
+  iterations draft at most `width` tokens (`DecodeSettings.width`: the
+  largest gamma of a sweep, `max_auto_gamma` under gamma='auto').
 
   The draft is placed as `sd.generate` places it (an unsharded draft next
   to a sharded target is replicated: whole on every device, its state
@@ -97,7 +99,8 @@ def decode_bytes(
           getattr(draft, 'vocabulary', None),
           partitioner=mesh.replicated(),
         )
-  buffer_len = max_decode_len + gamma + 2
+  # `DecodeSettings.buffer_len` (the model tower reads no decode settings).
+  buffer_len = max_decode_len + width + 2
   out = {
     'target_params': param_bytes_per_device(target),
     'target_cache': cache_bytes_per_device(

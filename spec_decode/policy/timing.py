@@ -221,15 +221,17 @@ def propose_time(
   calls: int = 16,
   target: Any = None,
 ) -> float:
-  """Median time of one in-loop `propose` call (G tokens per row).
+  """Median time of one in-loop `propose` call (`settings.gamma` tokens
+  per row, with the buffer and feature window of a loop `settings.width`
+  wide).
 
   `target` gives a drafter that reads the target's state or recent
   features (`core.drafter`) a decode state holding `prefix` inputs and a
   zero feature window; else it gets zero features of `feature_size`.
   """
-  g = settings.gamma
+  g, w = settings.gamma, settings.width
   enc = jnp.full((batch, 16), 5, jnp.int32)
-  length = prefix + g + 2
+  length = prefix + w + 2
   inputs = (jnp.arange(length)[None] % 7 + 3).astype(jnp.int32)
   inputs = jnp.broadcast_to(inputs.at[:, 0].set(0), (batch, length))
   n = jnp.full((batch,), prefix, jnp.int32)
@@ -238,7 +240,7 @@ def propose_time(
     tstate = target.score(target.init_state(enc, length), inputs[:, :prefix])
     reads = drafter_base.context_reads(
       drafter,
-      drafter_base.feature_window(drafter, target, batch, g + 1),
+      drafter_base.feature_window(drafter, target, batch, w + 1),
       tstate[1],
     )
   else:

@@ -35,7 +35,6 @@ uses (those are keyed by later positions), so the output is the target's
 distribution whatever the choice (as with gamma='auto').
 """
 
-import dataclasses
 import functools
 import math
 
@@ -178,13 +177,14 @@ def iteration_seconds(
       # `measure`'s setup run (index 0, no iterations) and its first
       # compile (index 1) run the family's first shape where it has none.
       shape = tree_lib.from_branching(family.get(index, min(family.items())[1]))
-      state = loop.start_and_iterate_jit(
+      state = loop.run_jit(
+        loop.start_and_iterate_jit,
         target,
         draft,
         enc,
         keys,
-        settings=dataclasses.replace(settings, gamma=shape.depth),
-        shape=shape,
+        settings,
+        shape,
         room=(MAX_NODES, MAX_DEPTH),
         max_iterations=limit,
       )

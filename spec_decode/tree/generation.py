@@ -9,7 +9,6 @@ the tokens' provenance (`core.provenance`: the accepted path, each node's
 rank among its siblings, the target's token and the rejected child).
 """
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -21,7 +20,6 @@ from spec_decode.core import placement
 from spec_decode.core import provenance
 from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.counters import SpecCounters
-from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.tree import auto as tree_auto
 from spec_decode.tree import loop as tree_loop
 
@@ -69,13 +67,6 @@ def is_auto(tree: Any) -> bool:
   return inputs.is_auto(tree)
 
 
-def settings_for(
-  settings: DecodeSettings, shape: tree_lib.TreeShape
-) -> DecodeSettings:
-  """The loop's settings: gamma is the tree's depth."""
-  return dataclasses.replace(settings, gamma=shape.depth, dynamic_gamma=0.0)
-
-
 def run(model, draft, enc, keys, settings, shape, batch):
   """`generate`'s tree path: a fixed shape, or 'auto' (shape None)."""
   if shape is None:
@@ -96,13 +87,8 @@ def decode(model, draft, enc, keys, settings, shape, batch):
   tree report and the tokens' provenance (host numpy, the first `batch`
   rows)."""
   out, lengths, counters, record = placement.to_host(
-    tree_loop.tree_decode_jit(
-      model,
-      draft,
-      enc,
-      keys,
-      settings=settings_for(settings, shape),
-      shape=shape,
+    tree_loop.run_jit(
+      tree_loop.tree_decode_jit, model, draft, enc, keys, settings, shape
     )
   )
   counters = jax.tree.map(lambda x: np.asarray(x)[:batch], counters)
@@ -128,13 +114,14 @@ def decode_auto(model, draft, enc, keys, settings, batch):
   """
   calibration = tree_lib.from_branching(tree_auto.CALIBRATION)
   room = (max(calibration.num_nodes, tree_auto.MAX_NODES), tree_auto.MAX_DEPTH)
-  state = tree_loop.start_and_iterate_jit(
+  state = tree_loop.run_jit(
+    tree_loop.start_and_iterate_jit,
     model,
     draft,
     enc,
     keys,
-    settings=settings_for(settings, calibration),
-    shape=calibration,
+    settings,
+    calibration,
     room=room,
     max_iterations=tree_auto.calibration_iterations(settings.max_decode_len),
   )
@@ -145,14 +132,8 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     model, draft, enc, settings, cal['rank_acceptance']
   )
   shape = tree_lib.from_paths(choice['paths'])
-  state = tree_loop.go_on_jit(
-    model,
-    draft,
-    enc,
-    keys,
-    settings=settings_for(settings, shape),
-    shape=shape,
-    state=state,
+  state = tree_loop.run_jit(
+    tree_loop.go_on_jit, model, draft, enc, keys, settings, shape, state=state
   )
   (out, lengths), counters, record = placement.to_host(
     (loop_state.outputs(state, settings), state.counters, state.provenance)

@@ -53,6 +53,14 @@ from spec_decode.core.tree_shape import TreeShape
 from spec_decode.tree import verification as tree_verification
 
 
+def settings_for(settings: DecodeSettings, shape: TreeShape) -> DecodeSettings:
+  """The tree loop's settings: width and gamma are the tree's depth D
+  (`propose_tree` reads D as its gamma), no dynamic gamma."""
+  return dataclasses.replace(
+    settings, width=shape.depth, gamma=shape.depth, dynamic_gamma=0.0
+  )
+
+
 def zero_counters(batch: int, shape: TreeShape) -> SpecCounters:
   """Counters of a tree decode: `shape.depth` positions, per-node counts."""
   return SpecCounters.zeros(batch, shape.depth, num_nodes=shape.num_nodes)
@@ -61,7 +69,8 @@ def zero_counters(batch: int, shape: TreeShape) -> SpecCounters:
 @dataclasses.dataclass(frozen=True)
 class Iteration(loop_state.Loop):
   """What every iteration of one tree decode closes over
-  (`core.loop_state.Loop`; `settings.gamma` is the tree's depth D).
+  (`core.loop_state.Loop`; `settings.width` and `settings.gamma` are the
+  tree's depth D, `settings_for`).
 
   Attributes:
     shape: the static tree.
@@ -77,10 +86,15 @@ class Iteration(loop_state.Loop):
     `propose_tree`, or a tree language model (drafted by `ModelDrafter`).
 
     Raises:
-      ValueError: `settings.gamma` is not the tree's depth.
+      ValueError: `settings.width` or `settings.gamma` is not the tree's
+        depth.
     """
-    if settings.gamma != shape.depth:
-      raise ValueError('the tree loop needs settings.gamma == the tree depth')
+    if not settings.width == settings.gamma == shape.depth:
+      raise ValueError(
+        'the tree loop needs settings.width == settings.gamma == the tree '
+        f'depth ({shape.depth}), got width {settings.width}, gamma '
+        f'{settings.gamma} (tree.loop.settings_for)'
+      )
     return super().create(
       target, draft, encoder_tokens, row_keys, settings, shape=shape
     )
@@ -237,7 +251,8 @@ def tree_decode(
       by `ModelDrafter`).
     encoder_tokens: `[B, S] int32`.
     row_keys: `[B]` PRNG keys.
-    settings: static settings; `gamma` must be the tree's depth D.
+    settings: static settings; `width` and `gamma` must be the tree's
+      depth D (`settings_for`).
     shape: the static tree.
 
   Returns:
@@ -253,7 +268,10 @@ def tree_decode(
   return tokens, lengths, state.counters, state.provenance
 
 
-tree_decode_jit = jax.jit(tree_decode, static_argnames=('settings', 'shape'))
+# Every tree-loop program is compiled for its settings and its tree.
+_STATIC = ('settings', 'shape')
+
+tree_decode_jit = jax.jit(tree_decode, static_argnames=_STATIC)
 
 
 def _start_and_iterate(
@@ -269,7 +287,7 @@ def _start_and_iterate(
 # The first iterations of a decode that may go on with another tree:
 # `room` (num_nodes, depth) is the largest tree it may go on with.
 start_and_iterate_jit = jax.jit(
-  _start_and_iterate, static_argnames=('settings', 'shape', 'room')
+  _start_and_iterate, static_argnames=_STATIC + ('room',)
 )
 
 
@@ -283,4 +301,22 @@ def _go_on(
 
 
 # Goes on from a state with another tree (fresh counters), to the end.
-go_on_jit = jax.jit(_go_on, static_argnames=('settings', 'shape'))
+go_on_jit = jax.jit(_go_on, static_argnames=_STATIC)
+
+
+def run_jit(
+  program, target, draft, encoder_tokens, row_keys, settings, shape, **more
+):
+  """`program` (`tree_decode_jit`, `start_and_iterate_jit`, `go_on_jit`)
+  with a tree: its static arguments written once, the decode's `settings`
+  made the tree's (`settings_for`) and the `shape`; `more`: the program's
+  own (`room`, `max_iterations`, `state`)."""
+  return program(
+    target,
+    draft,
+    encoder_tokens,
+    row_keys,
+    settings=settings_for(settings, shape),
+    shape=shape,
+    **more,
+  )

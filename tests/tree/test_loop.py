@@ -6,6 +6,9 @@ from conftest import encoder_batch
 
 import spec_decode as sd
 from spec_decode.core import tree_shape as tree_lib
+from spec_decode.core.decode_settings import DecodeSettings
+from spec_decode.core.inputs import row_keys
+from spec_decode.tree import loop as tree_loop
 
 M = 12
 TREES = {
@@ -172,3 +175,21 @@ def test_generate_rejects_trees_it_cannot_verify(target, near_draft, enc):
     sd.generate(target, enc, draft=near_draft, tree=(2,), dynamic_gamma=True)
   with pytest.raises(ValueError, match='parent'):
     sd.generate(target, enc, draft=near_draft, tree=[[0, 0]])
+
+
+@pytest.mark.parametrize('width, gamma', [(3, 3), (4, 3), (3, 2)])
+def test_the_loop_is_as_wide_and_drafts_as_deep_as_its_tree(
+  target, near_draft, enc, width, gamma
+):
+  shape = tree_lib.from_branching((2, 1, 1, 1))  # depth 4
+  settings = DecodeSettings(max_decode_len=M, width=width, gamma=gamma)
+  keys = row_keys(0, enc.shape[0])
+  with pytest.raises(
+    ValueError,
+    match=rf'== the tree depth \(4\), got width {width}, gamma {gamma}',
+  ):
+    tree_loop.Iteration.create(target, near_draft, enc, keys, settings, shape)
+  sized = tree_loop.settings_for(settings, shape)
+  assert (sized.width, sized.gamma, sized.buffer_len) == (4, 4, M + 6)
+  it = tree_loop.Iteration.create(target, near_draft, enc, keys, sized, shape)
+  assert it.settings is sized
