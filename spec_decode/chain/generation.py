@@ -20,6 +20,7 @@ from spec_decode.core.counters import SpecStats
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import LanguageModel
+from spec_decode.policy import carried
 from spec_decode.policy import finish_time
 from spec_decode.tree import generation as tree_generation
 
@@ -38,7 +39,11 @@ class GenerateOutput:
       the batch's iterations run at each gamma, the cost cache entry, and
       whether any gamma >= 1 could pay at these costs: where none could
       even with every draft token accepted, the decode ran plain decoding's
-      program, all at gamma 0), else None.
+      program, all at gamma 0; and `'acceptance'`, the
+      `policy.carried.AcceptanceEstimate` after this decode, to pass to
+      the next decode's `acceptance=`; `'started_from'`, the alpha and
+      weight the policy started from; `'plain_by_estimate'`, whether a
+      carried estimate chose plain decoding's program), else None.
   """
 
   tokens: np.ndarray
@@ -77,6 +82,7 @@ def generate(
   dynamic_gamma: bool | float = False,
   tree: Any = None,
   max_auto_gamma: int = finish_time.MAX_GAMMA,
+  acceptance: carried.AcceptanceEstimate | None = None,
 ) -> GenerateOutput:
   """Decodes `encoder_tokens [B, S]` (int, padded with 0).
 
@@ -113,6 +119,13 @@ def generate(
       `(1,) * gamma` is the chain) or 'auto' (`tree.auto`). Exact
       for greedy and sampling (`tree.verification`); `gamma` is ignored.
     max_auto_gamma: the largest gamma of `gamma='auto'` (>= 1).
+    acceptance: with `gamma='auto'`, an earlier decode's acceptance
+      estimate (`gamma_choice['acceptance']`; `policy.carried`): the
+      policy starts from it instead of the prior, and where it says no
+      gamma >= 1 can beat plain decoding the decode runs plain decoding's
+      program outright. None: the prior. A sampled decode must use row
+      keys (seeds) of its own, none of the decodes the estimate was
+      measured with (a ValueError otherwise).
 
   Sharded models (`Model.init/load(..., partitioner=p)`) decode sharded: the
   rows go on the mesh's `data` axis (padded to a multiple of its size with
@@ -140,6 +153,11 @@ def generate(
     max_auto_gamma=max_auto_gamma,
   )
   auto = settings.gamma_policy
+  estimate = carried.check(acceptance)
+  if estimate is not None and not auto:
+    raise ValueError(
+      "acceptance= is gamma='auto''s: pass a draft and gamma='auto' with it"
+    )
   tree_shape = None
   if tree is not None:
     if auto:
@@ -161,6 +179,10 @@ def generate(
     draft = model_drafter.drafting_copy(draft, model)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
   keys = inputs.row_keys(seed, batch)
+  # A sampled decode's row keys, which a carried estimate must not know.
+  sampled = None if settings.sampler.is_greedy else keys
+  if estimate is not None and sampled is not None:
+    estimate.check_keys(sampled)
   mesh = placement.placement_of(model, draft)
   if mesh is not None:
     model, draft = mesh.place(model), mesh.place(draft)
@@ -190,15 +212,57 @@ def generate(
   # The policy's costs: measured on this program (forced gammas, their own
   # keys) or read from the cache; never from this decode's draws.
   seconds, cache = auto_costs.iteration_seconds(model, draft, enc, settings)
+  return _carried_auto(
+    model,
+    draft,
+    enc,
+    keys,
+    settings,
+    batch,
+    seconds,
+    cache,
+    estimate,
+    sampled,
+  )
+
+
+def _carried_auto(
+  model, draft, enc, keys, settings, batch, seconds, cache, estimate, sampled
+) -> GenerateOutput:
+  """gamma='auto' under the measured `seconds`, from the carried
+  `estimate` (None: the prior); `sampled`: the row keys of a sampled
+  decode (None for greedy), which the estimate must not have seen and
+  then records (`generate` checked them). The estimate is earlier
+  decodes' (`policy.carried`)."""
+  start = estimate or carried.AcceptanceEstimate()
   pays = finish_time.can_pay(seconds)
-  if pays:
-    policy = finish_time.PolicyInputs.create(seconds)
+  by_estimate = (
+    pays
+    and estimate is not None
+    and estimate.plain_wins(seconds, batch, settings.max_decode_len)
+  )
+  if pays and not by_estimate:
+    policy = finish_time.PolicyInputs.create(
+      seconds, prior_alpha=start.alpha, prior_weight=start.weight
+    )
     out = _speculative(model, draft, enc, keys, settings, batch, policy)
+    after = start.after(
+      out.stats.row_beta_sum.sum(),
+      out.stats.row_position_tries.sum(),
+      sampled,
+    )
   else:
     out = _plain_as_auto(model, enc, keys, settings, batch)
-  return dataclasses.replace(
-    out, gamma_choice=_policy_report(out.stats, seconds, cache, pays)
+    # Costs no alpha can beat say nothing about alpha: the weight stays.
+    decay = carried.PLAIN_DECAY if pays else 1.0
+    after = start.after_plain(sampled, decay)
+  report = _policy_report(out.stats, seconds, cache, pays)
+  report.update(
+    acceptance=after,
+    started_from={'alpha': start.alpha, 'weight': start.weight},
+    plain_by_estimate=bool(by_estimate),
   )
+  return dataclasses.replace(out, gamma_choice=report)
 
 
 def decode_settings(
