@@ -54,6 +54,9 @@ from spec_decode.policy import finish_time
 CARRIED_WEIGHT = 64.0
 # A decode run plain outright multiplies the estimate's weight by this.
 PLAIN_DECAY = 0.5
+# Compiled once per batch size: the host-side check before every decode
+# costs microseconds, not a few milliseconds of eager dispatches.
+_finish_seconds = jax.jit(finish_time.finish_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,7 @@ class AcceptanceEstimate:
     if not np.isfinite(seconds[0]):
       return False
     finish = np.asarray(
-      finish_time.finish_seconds(
+      _finish_seconds(
         jnp.float32(self.upper()),
         jnp.ones((batch,), bool),
         jnp.full((batch,), max_decode_len, jnp.int32),
