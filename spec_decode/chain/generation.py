@@ -153,11 +153,6 @@ def generate(
     max_auto_gamma=max_auto_gamma,
   )
   auto = settings.gamma_policy
-  estimate = carried.check(acceptance)
-  if estimate is not None and not auto:
-    raise ValueError(
-      "acceptance= is gamma='auto''s: pass a draft and gamma='auto' with it"
-    )
   tree_shape = None
   if tree is not None:
     if auto:
@@ -179,10 +174,7 @@ def generate(
     draft = model_drafter.drafting_copy(draft, model)
   batch = encoder_tokens.shape[0] if spans_hosts else tokens.shape[0]
   keys = inputs.row_keys(seed, batch)
-  # A sampled decode's row keys, which a carried estimate must not know.
-  sampled = None if settings.sampler.is_greedy else keys
-  if estimate is not None and sampled is not None:
-    estimate.check_keys(sampled)
+  estimate, sampled = _check_acceptance(acceptance, settings, keys)
   mesh = placement.placement_of(model, draft)
   if mesh is not None:
     model, draft = mesh.place(model), mesh.place(draft)
@@ -209,31 +201,35 @@ def generate(
     return GenerateOutput(out[:batch], lengths[:batch], None)
   if not auto:
     return _speculative(model, draft, enc, keys, settings, batch)
-  # The policy's costs: measured on this program (forced gammas, their own
-  # keys) or read from the cache; never from this decode's draws.
-  seconds, cache = auto_costs.iteration_seconds(model, draft, enc, settings)
   return _carried_auto(
-    model,
-    draft,
-    enc,
-    keys,
-    settings,
-    batch,
-    seconds,
-    cache,
-    estimate,
-    sampled,
+    model, draft, enc, keys, settings, batch, estimate, sampled
   )
 
 
+def _check_acceptance(acceptance, settings, keys):
+  """`generate`'s `acceptance` checked: the estimate (None: none given)
+  and the row keys `[B]` of a sampled decode (None for greedy), which a
+  carried estimate must not have seen (`policy.carried`)."""
+  estimate = carried.check(acceptance)
+  if estimate is not None and not settings.gamma_policy:
+    raise ValueError(
+      "acceptance= is gamma='auto''s: pass a draft and gamma='auto' with it"
+    )
+  sampled = None if settings.sampler.is_greedy else keys
+  if estimate is not None and sampled is not None:
+    estimate.check_keys(sampled)
+  return estimate, sampled
+
+
 def _carried_auto(
-  model, draft, enc, keys, settings, batch, seconds, cache, estimate, sampled
+  model, draft, enc, keys, settings, batch, estimate, sampled
 ) -> GenerateOutput:
-  """gamma='auto' under the measured `seconds`, from the carried
-  `estimate` (None: the prior); `sampled`: the row keys of a sampled
-  decode (None for greedy), which the estimate must not have seen and
-  then records (`generate` checked them). The estimate is earlier
-  decodes' (`policy.carried`)."""
+  """gamma='auto' from the carried `estimate` (None: the prior), an
+  earlier decodes' (`policy.carried`); `sampled`: the row keys of a
+  sampled decode (None for greedy), which the estimate then records."""
+  # The policy's costs: measured on this program (forced gammas, their own
+  # keys) or read from the cache; never from this decode's draws.
+  seconds, cache = auto_costs.iteration_seconds(model, draft, enc, settings)
   start = estimate or carried.AcceptanceEstimate()
   pays = finish_time.can_pay(seconds)
   by_estimate = (
