@@ -325,12 +325,11 @@ def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:
     loops.plain_decode_jit(model, enc, keys, settings=plain)
   )
   out, lengths = out[:batch], lengths[:batch]
-  steps = jnp.asarray(lengths, jnp.int32)
-  counters = SpecCounters.zeros(batch, settings.gamma, with_gammas=True)
-  counters = counters.replace(
-    iterations=steps,
-    gamma_histogram=counters.gamma_histogram.at[:, 0].set(steps),
-  )
+  # Host arrays: eager device ops here cost milliseconds per decode.
+  steps = np.asarray(lengths, np.int32)
+  counters = SpecCounters.zeros(batch, settings.gamma, True, xp=np)
+  counters.gamma_histogram[:, 0] = steps
+  counters = counters.replace(iterations=steps)
   return GenerateOutput(
     out,
     lengths,
