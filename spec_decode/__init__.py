@@ -49,6 +49,7 @@ from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.models.table_lm import TableLM
 from spec_decode.parallel import multihost
 from spec_decode.parallel.partitioning import Partitioner
+from spec_decode.policy.carried import AcceptanceEstimate
 from spec_decode.t5.config import EOS_ID
 from spec_decode.t5.config import PAD_ID
 from spec_decode.t5.config import UNK_ID
@@ -58,6 +59,7 @@ from spec_decode.t5gemma.config import StackConfig
 from spec_decode.t5gemma.config import T5GemmaConfig
 
 __all__ = [
+  'AcceptanceEstimate',
   'BeamSearchOutput',
   'CheckpointError',
   'DecodeSettings',

@@ -97,12 +97,17 @@ def g_test(samples: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> float:
 
 
 def sample_sequences(
-  target, draft, enc, first_seed=0, num=N, **kwargs
+  target, draft, enc, first_seed=0, num=N, carry=None, **kwargs
 ) -> tuple[np.ndarray, list]:
   """`num` (default N) speculative samples `[num, M]` (seeds from
-  `first_seed` on) and the stats of each batch."""
+  `first_seed` on) and the stats of each batch. `carry`, a list: the
+  gamma='auto' decodes carry their acceptance estimate from batch to batch
+  (`policy.carried`, from the prior), each batch's `gamma_choice` appended
+  to the list."""
   out, hists = [], []
   for start in range(0, num, BATCH):
+    if carry is not None:
+      kwargs['acceptance'] = carry[-1]['acceptance'] if carry else None
     res = sd.generate(
       target,
       np.repeat(enc, BATCH, 0),
@@ -113,6 +118,8 @@ def sample_sequences(
     )
     out.append(res.tokens)
     hists.append(res.stats)
+    if carry is not None:
+      carry.append(res.gamma_choice)
   return np.concatenate(out), hists
 
 

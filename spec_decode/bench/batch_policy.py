@@ -4,8 +4,11 @@ A grid of batch sizes x controlled acceptance rates (`ControlledDraft`,
 greedy, the bench target with EOS suppressed so every row decodes M tokens):
 tokens/s of plain decoding, of each fixed gamma in `GAMMAS` and of
 `gamma='auto'` (the in-loop finish-time policy, `policy.finish_time`),
-timed side by side in rounds (one repeat of each per round, medians), so that a
-busy machine slows them alike. The policy's costs are measured in this run (a
+cold (each decode from the policy's prior) and carried (each decode from
+the acceptance estimate of the one before, `policy.carried`: a caller that
+decodes many batches, as the eval run does), timed side by side in rounds
+(one repeat of each per round, medians), so that a busy machine slows them
+alike. The policy's costs are measured in this run (a
 fresh cost cache) before its decodes are timed; the measurement is reported, not
 timed. Every speculative output is checked equal to the plain one (in float32;
 `check_identity=False` records the share of identical rows instead, for bfloat16
@@ -13,9 +16,14 @@ runs, where a wider target call can round differently).
 
 JSON (`batch_policy`): a list of rows `{batch, alpha, plain_tok_s,
 auto_tok_s, best_fixed_tok_s, best_fixed_gamma, fixed_tok_s, auto_vs_plain,
-auto_vs_best_fixed, auto_gamma_iterations, cost_measure_seconds,
-same_as_plain}` (`same_as_plain`: per run, the share of rows equal to
-plain decoding's).
+auto_vs_best_fixed, auto_gamma_iterations, auto_carried_tok_s,
+auto_carried_vs_plain, auto_carried_vs_best_fixed,
+auto_carried_gamma_iterations, auto_carried_plain_decodes,
+cost_measure_seconds, same_as_plain}` (`auto_*`: cold; `auto_carried_*`:
+carried, its iterations those of its last timed decode and
+`auto_carried_plain_decodes` the share of its timed decodes run plain
+outright by the estimate; `same_as_plain`: per run, the share of rows equal
+to plain decoding's).
 """
 
 import os
@@ -108,7 +116,9 @@ def run(
           print(
             f'batch_policy: batch {b} alpha {alpha}: '
             f'{rows[-1]["auto_vs_plain"]:.2f}x plain, '
-            f'{rows[-1]["auto_vs_best_fixed"]:.2f}x best fixed',
+            f'{rows[-1]["auto_vs_best_fixed"]:.2f}x best fixed; carried '
+            f'{rows[-1]["auto_carried_vs_plain"]:.2f}x plain, '
+            f'{rows[-1]["auto_carried_vs_best_fixed"]:.2f}x best fixed',
             flush=True,
           )
     finally:
@@ -148,7 +158,28 @@ def _cell(
     max_auto_gamma=MAX_AUTO_GAMMA,
   )
   measure_seconds = time.perf_counter() - t0
-  same = {'auto': _same_rows(auto.tokens, plain.tokens)}
+  # Carried: each decode starts from the estimate of the one before (the
+  # cold warm-up's first), as a caller decoding many batches runs it.
+  carry = {'acceptance': auto.gamma_choice['acceptance'], 'decodes': []}
+
+  def carried():
+    out = sd.generate(
+      target,
+      enc,
+      draft=draft,
+      gamma='auto',
+      max_decode_len=m,
+      max_auto_gamma=MAX_AUTO_GAMMA,
+      acceptance=carry['acceptance'],
+    )
+    carry['acceptance'] = out.gamma_choice['acceptance']
+    carry['decodes'].append(out.gamma_choice)
+    return out.tokens
+
+  same = {
+    'auto': _same_rows(auto.tokens, plain.tokens),
+    'auto_carried': _same_rows(carried(), plain.tokens),
+  }
   for g in gammas:
     same[str(g)] = _same_rows(spec(g)(), plain.tokens)
   if check:
@@ -157,9 +188,12 @@ def _cell(
   runs = {
     'plain': lambda: sd.generate(target, enc, max_decode_len=m).tokens,
     'auto': spec('auto'),
+    'auto_carried': carried,
     **{str(g): spec(g) for g in gammas},
   }
+  carry['decodes'].clear()
   seconds = _timed_rounds(runs, repeats)
+  last = carry['decodes'][-1]
   tok_s = {name: b * m / s for name, s in seconds.items()}
   fixed = {int(g): tok_s[str(g)] for g in gammas}
   best = max(fixed, key=fixed.get)
@@ -180,6 +214,15 @@ def _cell(
       str(g): (None if s is None else s * 1e3)
       for g, s in auto.gamma_choice['iteration_seconds'].items()
     },
+    auto_carried_tok_s=tok_s['auto_carried'],
+    auto_carried_vs_plain=tok_s['auto_carried'] / tok_s['plain'],
+    auto_carried_vs_best_fixed=tok_s['auto_carried'] / fixed[best],
+    auto_carried_gamma_iterations={
+      str(g): n for g, n in last['gamma_iterations'].items()
+    },
+    auto_carried_plain_decodes=float(
+      np.mean([c['plain_by_estimate'] for c in carry['decodes']])
+    ),
     alpha_measured=auto.stats.alpha,
     cost_measure_seconds=measure_seconds,
     same_as_plain=same,

@@ -250,8 +250,8 @@ def policy_markdown(rows: list[dict[str, Any]]) -> str:
     '| batch | alpha | plain tok/s | '
     + ' | '.join(f'γ={g}' for g in gammas)
     + ' | auto tok/s | auto/plain | auto/best fixed (γ) | auto iterations '
-    'per γ |',
-    '|' + '---|' * (len(gammas) + 7),
+    'per γ | carried/plain | carried/best fixed |',
+    '|' + '---|' * (len(gammas) + 9),
   ]
   for row in rows:
     used = ', '.join(
@@ -262,6 +262,13 @@ def policy_markdown(rows: list[dict[str, Any]]) -> str:
       + ' | '.join(f'{row["fixed_tok_s"][g]:.1f}' for g in gammas)
       + f' | {row["auto_tok_s"]:.1f} | {row["auto_vs_plain"]:.2f} | '
       f'{row["auto_vs_best_fixed"]:.2f} ({row["best_fixed_gamma"]}) | '
-      f'{used} |'
+      f'{used} | {_carried(row, "plain")} | {_carried(row, "best_fixed")} |'
     )
   return '\n'.join(lines)
+
+
+def _carried(row: dict[str, Any], versus: str) -> str:
+  """A carried-estimate ratio of a `policy_markdown` row ('-' in rows
+  written before it was measured)."""
+  value = row.get(f'auto_carried_vs_{versus}')
+  return '-' if value is None else f'{value:.2f}'

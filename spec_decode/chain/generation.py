@@ -21,6 +21,7 @@ from spec_decode.core.counters import SpecStats
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.ids import EOS_ID
 from spec_decode.core.protocol import LanguageModel
+from spec_decode.policy import carried
 from spec_decode.policy import finish_time
 from spec_decode.tree import generation as tree_generation
 
@@ -39,7 +40,11 @@ class GenerateOutput:
       the batch's iterations run at each gamma, the cost cache entry, and
       whether any gamma >= 1 could pay at these costs: where none could
       even with every draft token accepted, the decode ran plain decoding's
-      program, all at gamma 0), else None.
+      program, all at gamma 0; and `'acceptance'`, the
+      `policy.carried.AcceptanceEstimate` after this decode, to pass to
+      the next decode's `acceptance=`; `'started_from'`, the alpha and
+      weight the policy started from; `'plain_by_estimate'`, whether a
+      carried estimate chose plain decoding's program), else None.
   """
 
   tokens: np.ndarray
@@ -78,6 +83,7 @@ def generate(
   dynamic_gamma: bool | float = False,
   tree: Any = None,
   max_auto_gamma: int = finish_time.MAX_GAMMA,
+  acceptance: carried.AcceptanceEstimate | None = None,
 ) -> GenerateOutput:
   """Decodes `encoder_tokens [B, S]` (int, padded with 0).
 
@@ -114,6 +120,13 @@ def generate(
       `(1,) * gamma` is the chain) or 'auto' (`tree.auto`). Exact
       for greedy and sampling (`tree.verification`); `gamma` is ignored.
     max_auto_gamma: the largest gamma of `gamma='auto'` (>= 1).
+    acceptance: with `gamma='auto'`, an earlier decode's acceptance
+      estimate (`gamma_choice['acceptance']`; `policy.carried`): the
+      policy starts from it instead of the prior, and where it says no
+      gamma >= 1 can beat plain decoding the decode runs plain decoding's
+      program outright. None: the prior. A sampled decode must use row
+      keys (seeds) of its own, none of the decodes the estimate was
+      measured with (a ValueError otherwise).
 
   Sharded models (`Model.init/load(..., partitioner=p)`) decode sharded: the
   rows go on the mesh's `data` axis (padded to a multiple of its size with
@@ -144,6 +157,9 @@ def generate(
     model, draft, tree, settings, verifier, lenience, dynamic_gamma
   )
   model, draft, enc, keys, batch = _placed(model, draft, encoder_tokens, seed)
+  estimate, sampled = _check_acceptance(
+    acceptance, settings, inputs.row_keys(seed, batch)
+  )
   if tree is not None:
     out, lengths, counters, report, prov = tree_generation.run(
       model, draft, enc, keys, settings, tree_shape, batch
@@ -157,7 +173,9 @@ def generate(
     return GenerateOutput(out[:batch], lengths[:batch], None)
   if not settings.gamma_policy:
     return _speculative(model, draft, enc, keys, settings, batch)
-  return _auto(model, draft, enc, keys, settings, batch)
+  return _carried_auto(
+    model, draft, enc, keys, settings, batch, estimate, sampled
+  )
 
 
 def _tree_shape(
@@ -216,21 +234,59 @@ def _placed(
   return model, draft, enc, keys, batch
 
 
-def _auto(model, draft, enc, keys, settings, batch) -> GenerateOutput:
-  """gamma='auto': the policy's costs, then its loop (or plain decoding's
-  program where no gamma >= 1 could pay), and what it used and did."""
+def _check_acceptance(acceptance, settings, keys):
+  """`generate`'s `acceptance` checked: the estimate (None: none given)
+  and the row keys `[B]` of a sampled decode (None for greedy), which a
+  carried estimate must not have seen (`policy.carried`)."""
+  estimate = carried.check(acceptance)
+  if estimate is not None and not settings.gamma_policy:
+    raise ValueError(
+      "acceptance= is gamma='auto''s: pass a draft and gamma='auto' with it"
+    )
+  sampled = None if settings.sampler.is_greedy else keys
+  if estimate is not None and sampled is not None:
+    estimate.check_keys(sampled)
+  return estimate, sampled
+
+
+def _carried_auto(
+  model, draft, enc, keys, settings, batch, estimate, sampled
+) -> GenerateOutput:
+  """gamma='auto' from the carried `estimate` (None: the prior), an
+  earlier decodes' (`policy.carried`); `sampled`: the row keys of a
+  sampled decode (None for greedy), which the estimate then records."""
   # The policy's costs: measured on this program (forced gammas, their own
   # keys) or read from the cache; never from this decode's draws.
   seconds, cache = auto_costs.iteration_seconds(model, draft, enc, settings)
+  start = estimate or carried.AcceptanceEstimate()
   pays = finish_time.can_pay(seconds)
-  if pays:
-    policy = finish_time.PolicyInputs.create(seconds)
+  by_estimate = (
+    pays
+    and estimate is not None
+    and estimate.plain_wins(seconds, batch, settings.max_decode_len)
+  )
+  if pays and not by_estimate:
+    policy = finish_time.PolicyInputs.create(
+      seconds, prior_alpha=start.alpha, prior_weight=start.weight
+    )
     out = _speculative(model, draft, enc, keys, settings, batch, policy)
+    after = start.after(
+      out.stats.row_beta_sum.sum(),
+      out.stats.row_position_tries.sum(),
+      sampled,
+    )
   else:
     out = _plain_as_auto(model, enc, keys, settings, batch)
-  return dataclasses.replace(
-    out, gamma_choice=_policy_report(out.stats, seconds, cache, pays)
+    # Costs no alpha can beat say nothing about alpha: the weight stays.
+    decay = carried.PLAIN_DECAY if pays else 1.0
+    after = start.after_plain(sampled, decay)
+  report = _policy_report(out.stats, seconds, cache, pays)
+  report.update(
+    acceptance=after,
+    started_from={'alpha': start.alpha, 'weight': start.weight},
+    plain_by_estimate=bool(by_estimate),
   )
+  return dataclasses.replace(out, gamma_choice=report)
 
 
 def decode_settings(
@@ -300,12 +356,11 @@ def _plain_as_auto(model, enc, keys, settings, batch) -> GenerateOutput:
     loops.plain_decode_jit(model, enc, keys, settings=plain)
   )
   out, lengths = out[:batch], lengths[:batch]
-  steps = jnp.asarray(lengths, jnp.int32)
-  counters = SpecCounters.zeros(batch, settings.width, with_gammas=True)
-  counters = counters.replace(
-    iterations=steps,
-    gamma_histogram=counters.gamma_histogram.at[:, 0].set(steps),
-  )
+  # Host arrays: eager device ops here cost milliseconds per decode.
+  steps = np.asarray(lengths, np.int32)
+  counters = SpecCounters.zeros(batch, settings.width, True, xp=np)
+  counters.gamma_histogram[:, 0] = steps
+  counters = counters.replace(iterations=steps)
   return GenerateOutput(
     out,
     lengths,

@@ -79,19 +79,24 @@ class SpecCounters:
 
   @classmethod
   def zeros(
-    cls, batch: int, width: int, with_gammas: bool = False, num_nodes: int = 0
+    cls,
+    batch: int,
+    width: int,
+    with_gammas: bool = False,
+    num_nodes: int = 0,
+    xp=jnp,
   ) -> 'SpecCounters':
     """Zero counters `width` positions wide (the decode's
     `DecodeSettings.width`: its gamma histogram has gammas 0..width); with
     the gamma histogram (`with_gammas`) and the per-node counts of a tree
-    (`num_nodes` > 0)."""
-    z = lambda *s: jnp.zeros((batch,) + s, jnp.int32)
+    (`num_nodes` > 0); `xp=np` for host counters (no device dispatch)."""
+    z = lambda *s: xp.zeros((batch,) + s, xp.int32)
     return cls(
       iterations=z(),
       accepted_histogram=z(width + 1),
       position_tries=z(width),
       position_accepts=z(width),
-      beta_sum=jnp.zeros((batch,), jnp.float32),
+      beta_sum=xp.zeros((batch,), xp.float32),
       proposed=z(),
       gamma_histogram=z(width + 1) if with_gammas else None,
       node_tries=z(num_nodes) if num_nodes else None,

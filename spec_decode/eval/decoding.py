@@ -217,6 +217,12 @@ class Decoder:
       each: `{'key', 'path'` (the cost cache's entry), `'measured'`
       (measured by one of this decoder's calls, else read from the cache),
       `'iteration_seconds': {'γ': seconds of one loop iteration or None}}`.
+    acceptance: the acceptance estimate the `AUTO` decodes start from
+      (`policy.carried`; None: the prior), carried from batch to batch:
+      the first recorded decode of a batch gives the next batch's
+      (`finish_batch`), never the batch's own (its timing rounds and
+      warm-up decode with the same seeds, so the estimate they start from
+      must not have seen those draws).
   """
 
   def __init__(
@@ -228,6 +234,8 @@ class Decoder:
     self._verifier = rejection.ExactVerifier(lenience=settings.lenience)
     self._seen = set()
     self.cost_models: list[dict[str, Any]] = []
+    self.acceptance: Any = None
+    self._batch_acceptance: Any = None
 
   def width(self, gamma: int | str) -> int:
     """The most draft tokens an iteration at `gamma` proposes."""
@@ -258,7 +266,7 @@ class Decoder:
         dynamic_gamma=s.dynamic_gamma or False,
       )
       if gamma == AUTO:
-        kw['max_auto_gamma'] = s.max_auto_gamma
+        kw.update(max_auto_gamma=s.max_auto_gamma, acceptance=self.acceptance)
     key = (enc.shape, gamma)
     if timed and key not in self._seen:
       # Warm-up: compile (and for AUTO, measure or read the cost model).
@@ -268,7 +276,16 @@ class Decoder:
     out = sd.generate(self.target, enc, **kw)
     seconds = time.perf_counter() - t0
     self._note_costs(out)
+    if gamma == AUTO and self._batch_acceptance is None:
+      self._batch_acceptance = out.gamma_choice['acceptance']
     return out, seconds
+
+  def finish_batch(self) -> None:
+    """The batch is done: its first `AUTO` decode's estimate becomes the
+    one the next batch starts from."""
+    if self._batch_acceptance is not None:
+      self.acceptance = self._batch_acceptance
+    self._batch_acceptance = None
 
   @property
   def decodes_draft_alone(self) -> bool:

@@ -37,7 +37,12 @@ measured once and cached on disk (`policy/finish_time.py`,
 `policy/loop_costs.py`). Nothing is decoded to choose γ and the policy never
 sees the draws it decodes with. Its records are keyed `'auto'`; the report
 gives the iterations run at each γ and the cost model(s) used (run_state.json
-keeps them, so a resumed run reports them too).
+keeps them, so a resumed run reports them too). Each batch's policy starts
+from the acceptance estimate of the batches before it (`policy/carried.py`;
+the first from the policy's prior), never from its own draws; where that
+estimate says no γ >= 1 can pay, the batch runs plain decoding's program
+outright. run_state.json keeps the estimate (`gamma_policy.acceptance`), so
+a resumed run carries on from it.
 
 Output directory (`eval/records.py`; the numbers and the report come from
 `eval/report/`):
@@ -88,6 +93,7 @@ from spec_decode.eval.load import task_data
 from spec_decode.eval.report import outcomes
 from spec_decode.eval.report import pages
 from spec_decode.parallel import memory
+from spec_decode.policy import carried
 from spec_decode.t5 import vocab as vocab_lib
 
 EvalSettings = settings_lib.EvalSettings
@@ -174,8 +180,12 @@ def evaluate(
   decode = decoding.Decoder(target, draft, s)
   auto = s.gamma == 'auto'
   gammas = list(s.gammas)
+  carried_json = state.get('gamma_policy', {}).get('acceptance')
+  if auto and carried_json and not s.beam:  # A resumed run carries on.
+    decode.acceptance = carried.AcceptanceEstimate.from_json(carried_json)
 
   def batch_done(done: int) -> None:
+    decode.finish_batch()
     if auto and hosts.writer and _merge_cost_models(state, decode):
       records_lib.save_state(output_dir, state)
     if on_batch_done is not None:
@@ -447,7 +457,9 @@ def _gammas_run(records: list[dict[str, Any]]) -> list[int]:
 
 
 def _merge_cost_models(state: dict[str, Any], decode: decoding.Decoder) -> bool:
-  """Adds the auto decodes' cost models to `state['gamma_policy']`.
+  """Adds the auto decodes' cost models to `state['gamma_policy']`, and
+  the acceptance estimate carried to the next batch (`'acceptance'`:
+  `policy.carried`; a resumed run starts from it).
 
   A resumed run keeps the models of the part before (each says whether it
   was measured or read from the cost cache); a model seen again is kept
@@ -464,4 +476,6 @@ def _merge_cost_models(state: dict[str, Any], decode: decoding.Decoder) -> bool:
   before = json.dumps(policy, sort_keys=True)
   for model in decode.cost_models:
     decoding.add_cost_model(policy['cost_models'], model)
+  if decode.acceptance is not None:
+    policy['acceptance'] = decode.acceptance.to_json()
   return json.dumps(policy, sort_keys=True) != before

@@ -27,9 +27,10 @@ standard normals (Blom's approximation Phi^-1((n - 0.375) / (n + 0.25))),
 n the active rows. alpha is the running acceptance estimate: the mean of
 beta over the positions the active rows tested so far, pooled over the
 rows (`pooled_alpha` says why not per row), from an optimistic prior so
-that the first iterations draft and measure. R_r is what row r may still emit
-before the decode's length limit (an EOS can end it earlier; the limit is
-the only horizon known in advance).
+that the first iterations draft and measure, or from an estimate carried
+from earlier decodes of the same pair (`policy.carried`). R_r is what row
+r may still emit before the decode's length limit (an EOS can end it
+earlier; the limit is the only horizon known in advance).
 
 Why not tokens per second (sum over rows of E / seconds, the policy before
 this one): a static batch ends with its slowest row, so the iterations a
@@ -73,7 +74,9 @@ positions > n are made from their own keys afterwards, so every iteration
 is Algorithm 1 run with a gamma fixed before its draws, and each token keeps
 the target's distribution. The choice never reads future draws (no
 calibration decode with the decode's own keys); probes are scheduled from
-the count of earlier gamma-0 iterations, also a thing of the past.
+the count of earlier gamma-0 iterations, also a thing of the past. A
+carried start (`policy.carried`) is a thing of earlier decodes, fixed
+before this one draws (with row keys of its own).
 
 What holds across rows: the choice is the batch's, from all active rows'
 past, so for a fixed seed a row's sampled tokens can depend on its batch
@@ -136,6 +139,9 @@ class PolicyInputs:
       time at gamma 0 (`probe_period`); 0 turns probing off.
     uncertainty_z: `[] float32` gamma 0 stands only if it also wins with
       alpha this many standard errors higher (`choose`); 0 turns it off.
+    prior_alpha: `[] float32` the alpha the estimate starts from
+      (PRIOR_ALPHA, or an earlier decode's: `policy.carried`).
+    prior_weight: `[] float32` the tested positions the start counts as.
   """
 
   seconds: jax.Array
@@ -143,6 +149,8 @@ class PolicyInputs:
   max_iterations: jax.Array
   explore_cost: jax.Array
   uncertainty_z: jax.Array
+  prior_alpha: jax.Array
+  prior_weight: jax.Array
 
   @classmethod
   def create(
@@ -152,6 +160,8 @@ class PolicyInputs:
     max_iterations: int = 2**30,
     explore_cost: float = EXPLORE_COST,
     uncertainty_z: float = UNCERTAINTY_Z,
+    prior_alpha: float = PRIOR_ALPHA,
+    prior_weight: float = PRIOR_WEIGHT,
   ) -> 'PolicyInputs':
     return cls(
       seconds=jnp.asarray(seconds, jnp.float32),
@@ -159,6 +169,8 @@ class PolicyInputs:
       max_iterations=jnp.asarray(max_iterations, jnp.int32),
       explore_cost=jnp.asarray(explore_cost, jnp.float32),
       uncertainty_z=jnp.asarray(uncertainty_z, jnp.float32),
+      prior_alpha=jnp.asarray(prior_alpha, jnp.float32),
+      prior_weight=jnp.asarray(prior_weight, jnp.float32),
     )
 
 
@@ -169,12 +181,18 @@ def expected_tokens(alpha: jax.Array, gammas: jax.Array) -> jax.Array:
 
 
 def pooled_alpha(
-  beta_sum: jax.Array, tested: jax.Array, active: jax.Array
+  beta_sum: jax.Array,
+  tested: jax.Array,
+  active: jax.Array,
+  prior_alpha: jax.Array | float = PRIOR_ALPHA,
+  prior_weight: jax.Array | float = PRIOR_WEIGHT,
 ) -> jax.Array:
   """The acceptance estimate `[]` the policy uses, pooled over the rows.
 
   The mean of beta over every position the active rows tested, with the
-  prior (PRIOR_WEIGHT positions at PRIOR_ALPHA). Not each row's own
+  prior (`prior_weight` positions at `prior_alpha`: PRIOR_WEIGHT at
+  PRIOR_ALPHA, or an estimate carried from earlier decodes,
+  `policy.carried`). Not each row's own
   estimate: the finish time is the slowest row's, and a maximum over noisy
   per-row estimates picks the unluckiest row's noise (a winner's curse).
   Measured with per-row estimates (shrunk toward the pool by 4 positions):
@@ -186,11 +204,13 @@ def pooled_alpha(
     beta_sum: `[B]` sum of beta over the positions each row tested.
     tested: `[B]` positions each row tested.
     active: `[B] bool` rows still decoding (the pool is theirs).
+    prior_alpha: `[]` the start's alpha.
+    prior_weight: `[]` the tested positions the start counts as.
   """
   w = active.astype(jnp.float32)
   tested = tested.astype(jnp.float32)
-  return (jnp.sum(w * beta_sum) + PRIOR_WEIGHT * PRIOR_ALPHA) / (
-    jnp.sum(w * tested) + PRIOR_WEIGHT
+  return (jnp.sum(w * beta_sum) + prior_weight * prior_alpha) / (
+    jnp.sum(w * tested) + prior_weight
   )
 
 
@@ -339,13 +359,15 @@ def choose(
       error higher would draft (`PolicyInputs.uncertainty_z`).
   """
   active = jnp.asarray(active, bool)
-  alpha = pooled_alpha(beta_sum, tested, active)
+  alpha = pooled_alpha(
+    beta_sum, tested, active, inputs.prior_alpha, inputs.prior_weight
+  )
   soonest = lambda a: jnp.argmin(  # noqa: E731
     finish_seconds(a, active, remaining, inputs.seconds)
   ).astype(jnp.int32)
   best = soonest(alpha)
   n = jnp.sum(active * tested.astype(jnp.float32))
-  se = jnp.sqrt(alpha * (1.0 - alpha) / (n + PRIOR_WEIGHT))
+  se = jnp.sqrt(alpha * (1.0 - alpha) / (n + inputs.prior_weight))
   upper = jnp.minimum(alpha + inputs.uncertainty_z * se, 1.0)
   unsure = soonest(upper) > 0
   # A periodic probe pays only with tokens left to use what it finds.

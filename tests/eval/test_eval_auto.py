@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+import spec_decode as sd
 from spec_decode.chain import auto_costs
 from spec_decode.eval import cli
 from spec_decode.eval import decoding
@@ -245,3 +246,52 @@ def test_the_removed_calibration_settings_are_refused(flag, capsys):
   code = cli.main(['--gin_file=smoke_synthetic', "--gin.GAMMA='auto'", flag])
   assert code == 2
   assert 'calibration' in capsys.readouterr().err.lower()
+
+
+def test_each_batch_starts_from_the_estimate_of_the_batches_before(
+  models, costs, tmp_path, monkeypatch
+):
+  """The policy of batch k starts from the acceptance estimate carried
+  from batches 1..k-1 (batch 1 from the prior), never from one its own
+  decodes (warm-up, timing rounds: the same seeds) produced; run_state.json
+  keeps the last one."""
+  costs(MIXED)
+  calls = []
+  generate = sd.generate
+
+  def recorded(target, enc, **kw):
+    out = generate(target, enc, **kw)
+    if kw.get('gamma') == decoding.AUTO:
+      calls.append((int(kw['seed'][0]), kw['acceptance'], out.gamma_choice))
+    return out
+
+  monkeypatch.setattr(sd, 'generate', recorded)
+  target, draft = models
+  settings = dataclasses.replace(SETTINGS, num_examples=5, timing_rounds=2)
+  out = str(tmp_path / 'run')
+  eval_lib.evaluate(target, draft, settings, output_dir=out, **RUN)
+  batches = {}
+  for seed, given, choice in calls:
+    batches.setdefault(seed, []).append((given, choice))
+  assert len(batches) == 3
+  made = []  # The estimates each batch's decodes produced.
+  for k, seed in enumerate(sorted(batches)):
+    runs = batches[seed]
+    assert len(runs) >= 2  # The timing rounds decode the batch again.
+    for given, choice in runs:
+      if k == 0:
+        assert given is None
+        assert choice['started_from'] == {'alpha': 0.8, 'weight': 2.0}
+      else:
+        # The previous batch's first recorded decode's estimate.
+        assert any(given is e for e in made[k - 1]), (k, given)
+        assert given.decodes == k
+        assert choice['started_from'] == {
+          'alpha': given.alpha,
+          'weight': given.weight,
+        }
+        assert choice['started_from'] != {'alpha': 0.8, 'weight': 2.0}
+    made.append([choice['acceptance'] for _, choice in runs])
+  saved = _state(out)['gamma_policy']['acceptance']
+  assert saved['decodes'] == 3
+  assert any(saved == e.to_json() for e in made[2])

@@ -6,6 +6,10 @@ seeds `seed + index`, as the eval run seeds them) or `sd.beam_search` with
 the draft (`decode_method='beam'`), once per batch: no plain decode, no
 timing rounds, no cost probes (the eval run's). The first batch of each
 input width compiles; the run's seconds include it, as T5X's infer does.
+With γ = 'auto' each batch's policy starts from the acceptance estimate of
+the batches before it (`policy/carried.py`; the first batch, and the first
+after a resume, from the prior): batches have seeds of their own, so no
+decode's schedule reads its own draws.
 
 `line(...)` builds one prediction line as T5X's `write_inferences_to_file`
 does: `inputs` (the `*_pretokenized` features, or a file's input and id),
@@ -35,6 +39,8 @@ class Decoder:
     draft: the draft (a model or a drafter); None decodes plainly (the
       same job without speculation: `bench infer`'s comparison).
     settings: the run's `InferSettings`.
+    acceptance: the acceptance estimate the next γ = 'auto' decode starts
+      from (`policy.carried`; None: the prior), the last decode's.
   """
 
   def __init__(
@@ -44,6 +50,7 @@ class Decoder:
     self.draft = draft
     self.settings = settings
     self._verifier = rejection.ExactVerifier(lenience=settings.lenience)
+    self.acceptance = None
 
   def __call__(self, enc: Any, seeds: np.ndarray) -> tuple[Any, float]:
     """Decodes a batch; returns the output and its seconds.
@@ -92,7 +99,11 @@ class Decoder:
       kw['gamma'] = s.gamma_value
       if s.gamma_value == 'auto':
         kw['max_auto_gamma'] = s.max_auto_gamma
+        if self.draft is not None:
+          kw['acceptance'] = self.acceptance
     out = sd.generate(self.target, enc, **kw)
+    if out.gamma_choice is not None:
+      self.acceptance = out.gamma_choice['acceptance']
     return out, time.perf_counter() - t0
 
   def scores(self, enc: Any, out: Any) -> np.ndarray:
