@@ -369,17 +369,17 @@ def _pairs(s, target, bucket_specs):
 def draft_vocabulary(
   pairs: Sequence[tuple[np.ndarray, np.ndarray]], size: int, vocab_size: int
 ) -> np.ndarray:
-  """The `size` most frequent target tokens of `(inputs, targets)` pairs
-  (padding excluded; ties to the smaller id; ids never seen fill up, so
-  always `min(size, vocab_size)` ids), ascending."""
+  """The `size` most frequent target tokens of `(inputs, targets)` pairs,
+  ascending: ties to the smaller id, ids never seen filling up, never the
+  padding id (never an output), so `min(size, vocab_size - 1)` ids."""
   counts = np.zeros(vocab_size, np.int64)
   for _, targets in pairs:
     counts += np.bincount(np.asarray(targets), minlength=vocab_size)[
       :vocab_size
     ]
-  counts[PAD_ID] = -1  # Never an output.
   order = np.argsort(-counts, kind='stable')
-  return np.sort(order[: min(int(size), vocab_size)]).astype(np.int32)
+  order = order[order != PAD_ID]
+  return np.sort(order[: int(size)]).astype(np.int32)
 
 
 def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
