@@ -169,9 +169,7 @@ def draft_chain(
       step, sampler, carry, x1, step_keys, tau, size, vocab
     )
   else:
-    tokens, qs, carry = _fixed_steps(
-      step, sampler, carry, x1, step_keys, vocab
-    )
+    tokens, qs, carry = _fixed_steps(step, sampler, carry, x1, step_keys, vocab)
     num = None
   q = None if q1 is None else jnp.concatenate([q1[:, None], qs], axis=1)
   tokens = jnp.concatenate([x1[:, None], tokens], axis=1)
@@ -224,9 +222,7 @@ def _confidence(logits: jax.Array) -> jax.Array:
   return jnp.exp(jnp.max(jax.nn.log_softmax(logits, axis=-1), axis=-1))
 
 
-def _dynamic_steps(
-  step, sampler, carry, x1, step_keys, tau, vocab_size, vocab
-):
+def _dynamic_steps(step, sampler, carry, x1, step_keys, tau, vocab_size, vocab):
   batch = x1.shape[0]
 
   def body(c, key_i):

@@ -161,8 +161,8 @@ class MisScattered(WrappedDrafter):
   def propose(self, state, context, settings):
     proposal, state = self.inner.propose(state, context, settings)
     ids = jnp.asarray(VOCAB)
-    q = jnp.zeros_like(proposal.q).at[..., : len(VOCAB)].set(
-      proposal.q[..., ids]
+    q = (
+      jnp.zeros_like(proposal.q).at[..., : len(VOCAB)].set(proposal.q[..., ids])
     )
     return proposal.replace(q=q), state
 
