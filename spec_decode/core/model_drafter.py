@@ -136,6 +136,7 @@ def draft_chain(
   keys: jax.Array,
   sampler: sampling.Sampler,
   tau: float = 0.0,
+  vocab: tuple[jax.Array, int] | None = None,
 ) -> tuple[Proposal, Any]:
   """G autoregressive draws from a drafter's one-token step.
 
@@ -153,18 +154,22 @@ def draft_chain(
     keys: `[B, G]` one key per drawn token.
     sampler: the loop's sampler.
     tau: the dynamic-gamma threshold, 0 for off.
+    vocab: None, or a draft vocabulary `(ids [N] int32, V)`: the logits
+      (`first_logits` and `step`'s) are `[B, N]`, over the distinct ids
+      `ids` of the full vocabulary of size V only (`draw_in`).
 
   Returns:
     The proposal (`num` < G where a row stopped) and the final carry.
   """
-  x1, q1 = sampling.draw_tokens(sampler, keys[:, 0], first_logits)
+  x1, q1 = draw_in(sampler, keys[:, 0], first_logits, vocab)
   step_keys = jnp.swapaxes(keys[:, 1:], 0, 1)
   if tau > 0.0:
+    size = first_logits.shape[-1] if vocab is None else vocab[1]
     tokens, qs, num, carry = _dynamic_steps(
-      step, sampler, carry, x1, step_keys, tau, first_logits.shape[-1]
+      step, sampler, carry, x1, step_keys, tau, size, vocab
     )
   else:
-    tokens, qs, carry = _fixed_steps(step, sampler, carry, x1, step_keys)
+    tokens, qs, carry = _fixed_steps(step, sampler, carry, x1, step_keys, vocab)
     num = None
   q = None if q1 is None else jnp.concatenate([q1[:, None], qs], axis=1)
   tokens = jnp.concatenate([x1[:, None], tokens], axis=1)
@@ -173,11 +178,38 @@ def draft_chain(
   return Proposal(tokens=tokens, q=q, num=num), carry
 
 
-def _fixed_steps(step, sampler, carry, x1, step_keys):
+def draw_in(
+  sampler: sampling.Sampler,
+  keys: jax.Array,
+  logits: jax.Array,
+  vocab: tuple[jax.Array, int] | None = None,
+):
+  """`sampling.draw_tokens`, over a draft vocabulary where `vocab` is one.
+
+  With `vocab = (ids [N], V)` the logits `[B, N]` are those of ids `ids`:
+  the draw is index j with probability q_N[j] (the sampler's distribution
+  of the N logits), returned as token `ids[j]`, and q is scattered into
+  `[B, V]` with zeros elsewhere. The ids being distinct, token `ids[j]` is
+  drawn with exactly its probability in the returned q, which is what the
+  acceptance test needs: a token outside the vocabulary has q = 0 and
+  comes, when it does, from the target's residual max(p - q, 0). Drawing
+  over N ids skips the V-wide softmax and cumulative sum per draft token.
+  """
+  x, q = sampling.draw_tokens(sampler, keys, logits)
+  if vocab is None:
+    return x, q
+  ids, size = vocab
+  x = jnp.take(ids, x)
+  if q is not None:
+    q = jnp.zeros(q.shape[:-1] + (size,), q.dtype).at[..., ids].set(q)
+  return x, q
+
+
+def _fixed_steps(step, sampler, carry, x1, step_keys, vocab):
   def body(c, key_i):
     carry_i, prev = c
     lg, carry_i = step(carry_i, prev)
-    x, q = sampling.draw_tokens(sampler, key_i, lg)
+    x, q = draw_in(sampler, key_i, lg, vocab)
     return (carry_i, x), (x, q)
 
   (carry, _), (xs, qs) = lax.scan(body, (carry, x1), step_keys, unroll=True)
@@ -190,7 +222,7 @@ def _confidence(logits: jax.Array) -> jax.Array:
   return jnp.exp(jnp.max(jax.nn.log_softmax(logits, axis=-1), axis=-1))
 
 
-def _dynamic_steps(step, sampler, carry, x1, step_keys, tau, vocab_size):
+def _dynamic_steps(step, sampler, carry, x1, step_keys, tau, vocab_size, vocab):
   batch = x1.shape[0]
 
   def body(c, key_i):
@@ -198,7 +230,7 @@ def _dynamic_steps(step, sampler, carry, x1, step_keys, tau, vocab_size):
 
     def run(carry_i):
       lg, carry_i = step(carry_i, prev)
-      x, q = sampling.draw_tokens(sampler, key_i, lg)
+      x, q = draw_in(sampler, key_i, lg, vocab)
       return carry_i, x, q, going & (_confidence(lg) >= tau)
 
     def skip(carry_i):

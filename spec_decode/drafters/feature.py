@@ -19,7 +19,17 @@ T5, with what an encoder-decoder adds:
     keys or values are projected or stored twice; the draft reads them
     from the target's decode state (`DraftContext.target_state`);
   * the token embedding and the output projection are the target's
-    (frozen, not stored with the draft).
+    (frozen, not stored with the draft);
+  * optionally a draft vocabulary (`draft_vocab`, FR-Spec / EAGLE-3): N
+    token ids (the most frequent outputs of the training data), the only
+    ones the draft proposes. Its logits are the N rows' of the target's
+    output projection alone (`draft_logits`, N x D multiply-adds instead
+    of V x D per draft token; the chain draws over the N ids); its q is
+    zero at every other token, so Algorithm 1's residual max(p - q, 0)
+    produces those from the target with exactly their probability;
+  * optionally a narrower feed-forward (`mlp_dim` below the target's),
+    started from the target layer's `mlp_dim` hidden units of largest
+    weight norm (`from_target`).
 
 Drafting (`propose`): the loop hands the draft the target's features of
 the last K inputs (`DraftContext.recent_features`, K = G + 1), so every
@@ -46,8 +56,9 @@ internal nodes of that depth with the tree's ancestor mask
 feature.
 
 Checkpoint (`save`/`load`): `params/` (orbax, the draft network only),
-`feature_draft.json` (its shape, `cross_layers`, and the target's config
-for a check at load), and the vocabulary. Load with the target:
+`feature_draft.json` (its shape, `cross_layers`, the draft vocabulary's
+ids (absent: the full vocabulary) and the target's config for a check at
+load), and the vocabulary. Load with the target:
 `FeatureDraft.load(path, target)`.
 """
 
@@ -155,6 +166,10 @@ class FeatureDraft(on_target.FeatureDrafting):
     cross_layers: the target decoder layer whose encoder-side keys and
       values each draft layer reads (static).
     packed: None, or the network's weights packed for the CPU kernel.
+    draft_vocab: None (the full vocabulary), or the draft vocabulary: `[N]`
+      int32 distinct token ids, ascending (`with_draft_vocab`).
+    vocab_kernel: None, or the target's output projection of those ids
+      `[D, N]` float32 (a `kernels.ops.Packed` in the drafting copy).
   """
 
   params: Any
@@ -162,6 +177,8 @@ class FeatureDraft(on_target.FeatureDrafting):
   net_config: T5Config = flax.struct.field(pytree_node=False)
   cross_layers: tuple[int, ...] = flax.struct.field(pytree_node=False)
   packed: Any = None
+  draft_vocab: Any = None
+  vocab_kernel: Any = None
 
   # -- shapes -----------------------------------------------------------------
   @property
@@ -177,8 +194,15 @@ class FeatureDraft(on_target.FeatureDrafting):
     return (
       f'FeatureDraft(num_layers={self.num_layers}, '
       f'mlp_dim={self.net_config.mlp_dim}, cross_layers={self.cross_layers}, '
-      f'{n:,} parameters)'
+      f'draft_vocab={self.draft_vocab_size}, {n:,} parameters)'
     )
+
+  @property
+  def draft_vocab_size(self) -> int:
+    """N, the ids the draft can propose (V without a draft vocabulary)."""
+    if self.draft_vocab is None:
+      return self.vocab_size
+    return int(self.draft_vocab.shape[0])
 
   # -- construction -----------------------------------------------------------
   @classmethod
@@ -190,6 +214,7 @@ class FeatureDraft(on_target.FeatureDrafting):
     seed: int = 0,
     from_target: bool = True,
     cross_layers: tuple[int, ...] | None = None,
+    draft_vocab: Any = None,
   ) -> 'FeatureDraft':
     """A fresh draft for `target` (a `T5GemmaFeatureDraft` for a T5Gemma
     target: T5Gemma layers).
@@ -202,13 +227,18 @@ class FeatureDraft(on_target.FeatureDrafting):
       from_target: start each draft layer as a copy of the target layer
         whose keys and values it reads (and the relative-position table and
         final norm as the target's); the fusion `fc` is random either way.
-        With another `mlp_dim` the MLP stays random.
+        A narrower `mlp_dim` keeps the target MLP's `mlp_dim` hidden units
+        of largest weight norm; a wider one stays random.
       cross_layers: target layers read by each draft layer (default the
         last `num_layers`).
+      draft_vocab: None (the full vocabulary) or token ids
+        (`with_draft_vocab`).
     """
     if isinstance(target, t5gemma_model.T5GemmaModel):
       if mlp_dim is not None:
         raise ValueError('a T5Gemma feature draft has the target MLP width')
+      if draft_vocab is not None:
+        raise ValueError('a T5Gemma feature draft has the full vocabulary')
       return feature_t5gemma.T5GemmaFeatureDraft.init(
         target, num_layers, seed, from_target, cross_layers
       )
@@ -225,6 +255,39 @@ class FeatureDraft(on_target.FeatureDrafting):
       target=target,
       net_config=cfg,
       cross_layers=cross_layers,
+    ).with_draft_vocab(draft_vocab)
+
+  def with_draft_vocab(self, ids: Any) -> 'FeatureDraft':
+    """This draft proposing only the tokens `ids` (None: all of them).
+
+    Args:
+      ids: distinct token ids in [0, V), any order (kept ascending), or
+        None.
+
+    Raises:
+      ValueError: `ids` is empty, not 1-D, repeats an id or names one
+        outside the target's vocabulary.
+    """
+    if ids is None:
+      return self.replace(draft_vocab=None, vocab_kernel=None)
+    ids = np.asarray(ids)
+    v = self.vocab_size
+    if (
+      ids.ndim != 1
+      or not ids.size
+      or not np.issubdtype(ids.dtype, np.integer)
+      or len(np.unique(ids)) != ids.size
+      or ids.min() < 0
+      or ids.max() >= v
+    ):
+      raise ValueError(
+        f'draft_vocab must be distinct token ids in [0, {v}), at least '
+        f'one, got {ids.shape} {ids.dtype} ids'
+      )
+    ids = np.sort(ids).astype(np.int32)
+    return self.replace(
+      draft_vocab=jnp.asarray(ids),
+      vocab_kernel=output_rows(self.target, ids),
     )
 
   def with_params(self, params: Any) -> 'FeatureDraft':
@@ -251,6 +314,10 @@ class FeatureDraft(on_target.FeatureDrafting):
       copy = self.replace(target=self.target.for_drafting()).pack_for_cpu(
         jnp.bfloat16
       )
+      if self.draft_vocab is not None:  # Its rows as the target's copy.
+        copy = copy.replace(
+          vocab_kernel=kernel_ops.pack(self.vocab_kernel, jnp.bfloat16)
+        )
       object.__setattr__(self, '_drafting_copy', copy)
     return copy
 
@@ -277,8 +344,26 @@ class FeatureDraft(on_target.FeatureDrafting):
     return self.apply_net(features, tokens, cross, cache, tree)
 
   def logits(self, features: jax.Array) -> jax.Array:
-    """The target's output projection of features `[..., D]`: `[..., V]`."""
-    return self.target.project(features)
+    """The target's output projection of features `[..., D]`: `[..., V]`;
+    with a draft vocabulary, -inf outside it (q = 0 there)."""
+    if self.draft_vocab is None:
+      return self.target.project(features)
+    small = self.draft_logits(features)
+    full = jnp.full(small.shape[:-1] + (self.vocab_size,), -jnp.inf)
+    return full.at[..., self.draft_vocab].set(small)
+
+  def draft_logits(self, features: jax.Array) -> jax.Array:
+    """Logits `[..., N]` float32 of the draft vocabulary's ids (`logits`
+    without one): the N columns of the output projection alone."""
+    if self.draft_vocab is None:
+      return self.logits(features)
+    kernel = self.vocab_kernel
+    if isinstance(kernel, kernel_ops.Packed):
+      return kernel_ops.matmul(features.astype(jnp.float32), kernel)
+    dtype = self.net_config.dtype
+    return jnp.dot(features.astype(dtype), kernel.astype(dtype)).astype(
+      jnp.float32
+    )
 
   def teacher_forced(
     self,
@@ -321,15 +406,14 @@ class FeatureDraft(on_target.FeatureDrafting):
     Raises:
       FileExistsError: `path` exists and is not empty.
     """
-    on_target.save_feature_draft(
-      self,
-      path,
-      {
-        'num_layers': self.num_layers,
-        'mlp_dim': self.net_config.mlp_dim,
-        'cross_layers': list(self.cross_layers),
-      },
-    )
+    info = {
+      'num_layers': self.num_layers,
+      'mlp_dim': self.net_config.mlp_dim,
+      'cross_layers': list(self.cross_layers),
+    }
+    if self.draft_vocab is not None:
+      info['draft_vocab'] = [int(i) for i in np.asarray(self.draft_vocab)]
+    on_target.save_feature_draft(self, path, info)
 
   @classmethod
   def load(cls, path: str, target: t5_model.Model) -> 'FeatureDraft':
@@ -349,12 +433,13 @@ class FeatureDraft(on_target.FeatureDrafting):
     _check_target(info['target_config'], target.config, path)
     cfg = net_config(target.config, info['num_layers'], info['mlp_dim'])
     abstract = jax.eval_shape(lambda: _init_params(cfg, 0))
+    # A checkpoint from before draft vocabularies has the full one.
     return cls(
       params=on_target.restore_params(path, abstract),
       target=target,
       net_config=cfg,
       cross_layers=tuple(info['cross_layers']),
-    )
+    ).with_draft_vocab(info.get('draft_vocab'))
 
 
 def is_feature_draft_dir(path: str) -> bool:
@@ -372,6 +457,17 @@ def net_config(
     mlp_dim=int(mlp_dim or target_config.mlp_dim),
     dropout_rate=0.0,
   )
+
+
+def output_rows(target: Any, ids: np.ndarray) -> jax.Array:
+  """The columns `[D, N]` float32 of `target`'s output projection (T5:
+  `logits_dense`, or the tied embedding over sqrt(D)) for token `ids`."""
+  params, cfg = target.params, target.config
+  if cfg.logits_via_embedding:
+    emb = jnp.take(params['token_embedder']['embedding'], ids, axis=0)
+    return (emb.T / np.sqrt(cfg.emb_dim)).astype(jnp.float32)
+  kernel = params['decoder']['logits_dense']['kernel']
+  return jnp.take(kernel, jnp.asarray(ids), axis=1).astype(jnp.float32)
 
 
 def _init_params(cfg: T5Config, seed: int) -> Any:
@@ -406,12 +502,33 @@ def _copy_from_target(params, target_params, cross_layers, cfg):
     src = dec[f'layers_{j}']
     layer = dict(params[f'layers_{i}'])
     for name, sub in layer.items():
+      width = src['mlp']['wo']['kernel'].shape[0]
       if name == 'encoder_decoder_attention':
         layer[name] = {k: src[name][k] for k in sub}
-      elif name != 'mlp' or cfg.mlp_dim == src['mlp']['wo']['kernel'].shape[0]:
+      elif name != 'mlp' or cfg.mlp_dim == width:
         layer[name] = src[name]
+      elif cfg.mlp_dim < width:
+        layer[name] = _narrowed_mlp(src[name], cfg.mlp_dim)
     out[f'layers_{i}'] = jax.tree.map(_copy, layer)
   return out
+
+
+def _narrowed_mlp(mlp: dict, width: int) -> dict:
+  """The target MLP's `width` hidden units with the largest product of
+  their input and output weight norms (structured pruning: the units that
+  move the output most), in their original order."""
+  norm = lambda w, axis: np.linalg.norm(np.asarray(w, np.float32), axis=axis)
+  score = norm(mlp['wo']['kernel'], 1)
+  for name, sub in mlp.items():
+    if name != 'wo':
+      score = score * norm(sub['kernel'], 0)
+  keep = np.sort(np.argsort(-score, kind='stable')[:width])
+  return {
+    name: {
+      'kernel': jnp.take(sub['kernel'], keep, axis=0 if name == 'wo' else 1)
+    }
+    for name, sub in mlp.items()
+  }
 
 
 def _copy(x):

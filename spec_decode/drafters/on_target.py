@@ -8,7 +8,9 @@ and what its cache is differ. The drafting loops (the catch-up block,
 family's class inherits them and supplies the few methods they call:
 
   `FeatureDrafting`: `cross_layers` (the target layers whose encoder-side
-    keys and values the draft layers read), `logits(features)`, and
+    keys and values the draft layers read), `logits(features)` (over the
+    full vocabulary; a draft with a draft vocabulary, `draft_vocab` ids,
+    also `draft_logits(features)` over those ids alone), and
     `run_tokens(features, tokens, positions, cross, cache, tree)` (the
     network on token ids; `positions` None for inputs past the newest
     committed one, never position 0). Its state is a dataclass with a
@@ -182,6 +184,19 @@ class FeatureDrafting(OnTarget):
   uses_target_features = True
   uses_recent_features = True
   uses_target_state = True
+  # None, or the draft vocabulary: `[N]` distinct token ids, the only ones
+  # the draft proposes (q = 0 elsewhere).
+  draft_vocab = None
+
+  def draft_logits(self, features: Any) -> Any:
+    """Logits `[..., N]` over `draft_vocab` (`[..., V]` without one)."""
+    return self.logits(features)
+
+  def _vocab(self) -> Any:
+    """`model_drafter.draft_chain`'s `vocab`: None or `(ids, V)`."""
+    if self.draft_vocab is None:
+      return None
+    return self.draft_vocab, self.vocab_size
 
   def cross(self, target_state: Any) -> Any:
     """The target's encoder-side keys and values the draft layers read
@@ -237,15 +252,17 @@ class FeatureDrafting(OnTarget):
         h[:, None], prev[:, None], None, cross, cache
       )
       h = out[:, 0]
-      return self.logits(h), (cache, h)
+      return self.draft_logits(h), (cache, h)
 
+    # Drawn over the draft vocabulary (if any), q scattered to V.
     proposal, (cache, _) = model_drafter.draft_chain(
       step,
       (cache, h),
-      self.logits(h),
+      self.draft_logits(h),
       context.keys,
       settings.sampler,
       settings.dynamic_gamma,
+      self._vocab(),
     )
     return proposal, state.replace(cache=cache)
 

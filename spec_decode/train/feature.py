@@ -40,6 +40,12 @@ What a run does:
     steps, `<model_dir>/train_log.jsonl`, orbax checkpoints under
     `<model_dir>/checkpoints/` (rerunning resumes; Ctrl-C, SIGTERM or
     `max_minutes` checkpoint before exiting);
+  * with `draft_vocab_size` N, the draft vocabulary is the N most frequent
+    tokens of the training outputs (the targets above, EOS included, ties
+    to the smaller id; `draft_vocabulary`), stored with the draft. The
+    losses are unchanged (the features, and the token loss over the full
+    vocabulary); validation measures the draft as it drafts, over its N
+    ids;
   * at the end the draft is exported with `FeatureDraft.save` to
     `<model_dir>/feature_draft` (load it with `FeatureDraft.load(path,
     target)`, or in an eval config, `spec_eval_drafters.feature_draft`).
@@ -106,6 +112,8 @@ def feature_loss(
   Returns:
     The loss and `{'feature', 'token', 'top1', 'beta', 'count'}` (means
     over the labelled positions, top-1 hits and beta as sums, the count).
+    The losses use the full vocabulary; top-1 and beta the draft's
+    vocabulary (`draft.logits`: q = 0 outside it), as it drafts.
   """
   target = draft.target
   if features is None:
@@ -128,8 +136,9 @@ def feature_loss(
     feature_weight * (l_feat * weights).sum()
     + token_weight * (l_tok * weights).sum()
   ) / count
-  top1 = (jnp.argmax(student, -1) == jnp.argmax(teacher, -1)) * weights
-  beta = jnp.sum(jnp.minimum(t_prob, jax.nn.softmax(student, -1)), -1)
+  drafted = student if draft.draft_vocab is None else draft.logits(predicted)
+  top1 = (jnp.argmax(drafted, -1) == jnp.argmax(teacher, -1)) * weights
+  beta = jnp.sum(jnp.minimum(t_prob, jax.nn.softmax(drafted, -1)), -1)
   return loss, {
     'feature': (l_feat * weights).sum() / count,
     'token': (l_tok * weights).sum() / count,
@@ -200,8 +209,11 @@ class FeatureTrainSettings:
     target_path: the frozen target (a `Model.load` path; a relative path is
       also looked up in the repository, `paths.resolve`).
     num_layers: draft decoder layers.
-    mlp_dim: their MLP width (None: the target's; a T5Gemma target takes
+    mlp_dim: their MLP width (None: the target's; narrower starts from the
+      target's widest units, `FeatureDraft.init`; a T5Gemma target takes
       only None).
+    draft_vocab_size: N, the size of the draft vocabulary (module
+      docstring; None: the full vocabulary).
     from_target: start the draft layers as copies of the target's last
       layers (`FeatureDraft.init`).
     task: a `tasks.task_names()` name or a seqio task.
@@ -231,6 +243,7 @@ class FeatureTrainSettings:
   target_path: str
   num_layers: int = 1
   mlp_dim: int | None = None
+  draft_vocab_size: int | None = None
   from_target: bool = True
   task: str = 'debian_ende'
   data_dir: str | None = None
@@ -264,6 +277,9 @@ class FeatureTrainSettings:
       raise ValueError(
         f'targets must be one of {TARGETS}, got {self.targets!r}'
       )
+    n = self.draft_vocab_size
+    if n is not None and (isinstance(n, bool) or int(n) != n or n < 1):
+      raise ValueError(f'draft_vocab_size must be an int >= 1, got {n!r}')
 
 
 @dataclasses.dataclass
@@ -354,6 +370,22 @@ def _pairs(s, target, bucket_specs):
   return refs[0] + greedy_pairs[0], greedy_pairs[1]
 
 
+def draft_vocabulary(
+  pairs: Sequence[tuple[np.ndarray, np.ndarray]], size: int, vocab_size: int
+) -> np.ndarray:
+  """The `size` most frequent target tokens of `(inputs, targets)` pairs,
+  ascending: ties to the smaller id, ids never seen filling up, never the
+  padding id (never an output), so `min(size, vocab_size - 1)` ids."""
+  counts = np.zeros(vocab_size, np.int64)
+  for _, targets in pairs:
+    counts += np.bincount(np.asarray(targets), minlength=vocab_size)[
+      :vocab_size
+    ]
+  order = np.argsort(-counts, kind='stable')
+  order = order[order != PAD_ID]
+  return np.sort(order[: int(size)]).astype(np.int32)
+
+
 def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   """Trains (or resumes training) a feature draft; see the module doc."""
   s = settings
@@ -380,22 +412,31 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   eval_batches = eval_data.all_draft_batches()
   feature_seconds = time.monotonic() - t0
 
+  vocab = None
+  if s.draft_vocab_size is not None:
+    vocab = draft_vocabulary(train_pairs, s.draft_vocab_size, target.vocab_size)
   init = feature_lib.FeatureDraft.init(
     frozen,
     num_layers=s.num_layers,
     mlp_dim=s.mlp_dim,
     seed=s.seed,
     from_target=s.from_target,
+    draft_vocab=vocab,
   )
   optimizer, state, resumed = job.start(s, lambda: init.params)
   train_step = jax.jit(_train_step, static_argnums=(3, 4, 5), donate_argnums=0)
   weights = (s.feature_weight, s.token_weight)
 
-  # The draft without its parameters (they are the state's, donated).
+  # The draft without its parameters (they are the state's, donated). The
+  # train step's (static: hashed) has no draft vocabulary, which only
+  # the metrics read; validation's (an argument) has it.
   frame = init.replace(params=None)
+  static_frame = frame.with_draft_vocab(None)
 
   def step(state, batch):
-    return train_step(state, batch, frame, optimizer, weights, s.feature_noise)
+    return train_step(
+      state, batch, static_frame, optimizer, weights, s.feature_noise
+    )
 
   def export(params):
     path = os.path.join(s.model_dir, FEATURE_DIR)
@@ -408,7 +449,8 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
       name='train_feature',
       intro=(
         f'a {s.num_layers}-layer feature draft on {target_path} '
-        f'({common.num_params(state.params):,} trained parameters); '
+        f'({common.num_params(state.params):,} trained parameters, '
+        f'{init.draft_vocab_size} draft vocabulary ids); '
         f'{train_data.num_examples} {s.targets} train outputs '
         f'({gen_seconds:.0f} s to decode or load, {feature_seconds:.0f} s '
         f'for their features), {len(eval_pairs)} validation'

@@ -1,5 +1,6 @@
 """Training an EAGLE-style feature draft (`train.feature`) on a toy task."""
 
+import json
 import os
 
 import jax
@@ -108,8 +109,30 @@ def test_spec_decode_train_dispatches_on_a_feature_config(
       target_path=synthetic_target_dir,
       train_steps=2,
       progress=False,
+      mlp_dim=24,
+      draft_vocab_size=6,
       **settings,
     ),
   )
-  assert (model_dir / 'feature_draft' / 'feature_draft.json').is_file()
+  info_file = model_dir / 'feature_draft' / 'feature_draft.json'
+  info = json.loads(info_file.read_text())
+  assert info['mlp_dim'] == 24 and len(info['draft_vocab']) == 6
   assert not (model_dir / 'greedy_train.npz').exists()
+
+
+def test_draft_vocabulary_is_the_most_frequent_outputs():
+  """Counted over the targets (padding never), ties to the smaller id,
+  unseen ids filling up; ascending."""
+  pairs = [
+    (np.zeros(3, np.int32), np.asarray([7, 7, 3, 1, 0, 0], np.int32)),
+    (np.zeros(3, np.int32), np.asarray([5, 3, 7, 1], np.int32)),
+  ]
+  vocab = train_feature.draft_vocabulary(pairs, 3, 10)
+  np.testing.assert_array_equal(vocab, [1, 3, 7])
+  np.testing.assert_array_equal(
+    train_feature.draft_vocabulary(pairs, 5, 10), [1, 2, 3, 5, 7]
+  )
+  # Never the padding id: at most V - 1 ids.
+  np.testing.assert_array_equal(
+    train_feature.draft_vocabulary(pairs, 10, 10), np.arange(1, 10)
+  )
