@@ -144,10 +144,10 @@ def decode_auto(model, draft, enc, keys, settings, batch, dynamic=False):
   """tree='auto' in one decode (`tree.auto`): the first iterations with the
   calibration tree, then the tree chosen from what they accepted, from the
   same loop state, with the same keys (`dynamic`: tree='dynamic', the
-  dynamic tree with the chosen tree's nodes per depth). When the chosen tree is shallower,
-  its first iteration re-synchronises the drafter with the committed
-  prefix (the calibration may have accepted more tokens than the new tree
-  is deep; `tree.loop.Iteration.iterate`).
+  dynamic tree with the chosen tree's nodes per depth). When the chosen
+  tree is shallower, its first iteration re-synchronises the drafter with
+  the committed prefix (the calibration may have accepted more tokens than
+  the new tree is deep; `tree.loop.Iteration.iterate`).
 
   Exact: the choice reads the calibration iterations' counts of tested and
   accepted nodes (and costs timed with other keys), which depend only on

@@ -53,9 +53,9 @@ from jax import lax
 from spec_decode.core import drafter
 from spec_decode.core import loop_state
 from spec_decode.core import provenance as provenance_lib
+from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
-from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.tree_shape import TreeShape
 from spec_decode.tree import verification as tree_verification
 
