@@ -54,7 +54,7 @@ def test_tables_follow_each_rows_parents():
   tables = tree_lib.TreeTables.from_parents(
     tree, jnp.asarray([[0, 0, 1, 1], [0, 0, 1, 2]])
   )
-  np.testing.assert_array_equal(tables.ranks, [[0, 0, 1, 0, 1], [0] * 5])
+  np.testing.assert_array_equal(tables.ranks, [[0, 0, 1, 0, 1], [0, 0, 1, 0, 0]])
   np.testing.assert_array_equal(tables.children[0, 1], [3, 4])
   np.testing.assert_array_equal(tables.children[1, 2], [4, -1])
   np.testing.assert_array_equal(tables.path_nodes[1, 4], [0, 2, 4])
