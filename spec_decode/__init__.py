@@ -44,6 +44,7 @@ from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.rejection import ExactVerifier
 from spec_decode.core.rejection import VerifyResult
 from spec_decode.core.sampling import Sampler
+from spec_decode.core.tree_shape import DynamicTree
 from spec_decode.models.t5_model import Model
 from spec_decode.models.t5gemma_model import T5GemmaModel
 from spec_decode.models.table_lm import TableLM
@@ -63,6 +64,7 @@ __all__ = [
   'BeamSearchOutput',
   'CheckpointError',
   'DecodeSettings',
+  'DynamicTree',
   'EOS_ID',
   'ExactVerifier',
   'GenerateOutput',

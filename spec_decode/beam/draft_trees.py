@@ -32,36 +32,7 @@ import numpy as np
 from jax import lax
 
 from spec_decode.core import drafter
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class RowTreeAttention:
-  """A tree call whose ancestor mask differs per model row.
-
-  Duck-types `core.tree_shape.TreeAttention` for `t5.cache.tree_layout`: the
-  positions are static (a node's depth), the mask is a traced array.
-
-  Attributes:
-    positions: `[offset + T]` position of every scratch slot relative to
-      the row's index.
-    mask: `[R, T, offset + T] bool` per model row: new token t attends to
-      scratch slot u.
-    offset: scratch slots written by earlier calls of this tree.
-  """
-
-  positions: tuple[int, ...]
-  mask: jax.Array
-  offset: int = 0
-
-  @property
-  def num_new(self) -> int:
-    return len(self.positions) - self.offset
-
-  def new_positions(self) -> np.ndarray:
-    return np.asarray(self.positions[self.offset :], np.int32)
-
-  def mask_array(self) -> jax.Array:
-    return self.mask
+from spec_decode.core.tree_shape import RowTreeAttention
 
 
 @dataclasses.dataclass(frozen=True)

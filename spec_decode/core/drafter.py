@@ -130,11 +130,15 @@ class TreeProposal:
       is greedy.
     valid: `[B, N] bool` nodes actually proposed; a node whose parent is
       not valid must not be valid either. The verifier skips the others.
+    parents: `[B, N] int32` for a dynamic tree (`DynamicTree`): node i's
+      parent, a node of the depth above (0: the root); siblings rank in
+      node-id order. None for a static tree (the shape says).
   """
 
   tokens: jax.Array
   q: jax.Array | None
   valid: jax.Array
+  parents: jax.Array | None = None
 
 
 class Drafter(Protocol):
@@ -184,13 +188,15 @@ class Drafter(Protocol):
     settings: DecodeSettings,
     shape: Any,
   ) -> tuple[TreeProposal, DraftState]:
-    """Proposes the nodes of `shape` (a static `core.tree_shape.TreeShape`).
+    """Proposes the nodes of `shape` (a static `core.tree_shape.TreeShape`,
+    or a `DynamicTree`, whose parents the proposal gives).
 
     `context.keys` are `[B, D]`, one per depth (output token n + d); the
     tree loop passes the `settings` with `gamma` = `width` = D
     (`tree.loop.settings_for`). Exactness needs, per node, that its token
     was drawn from its `q` given its path and its elder siblings, and that
-    `valid` depends on nothing the verifier draws (`tree/verification.py`).
+    `valid` (and a dynamic tree's parents) depend on nothing the verifier
+    draws nor on the node's own draw (`tree/verification.py`).
     """
     ...
 
@@ -258,6 +264,8 @@ def check_proposal(
   ]
   if tree:
     fields.append(('valid', (batch, n), jnp.bool_, '[B, N]'))
+    if not hasattr(size, 'paths'):  # A dynamic tree: the parents it chose.
+      fields.append(('parents', (batch, n), jnp.int32, '[B, N]'))
   else:
     fields.append(('num', (batch,), jnp.int32, '[B] or None'))
   for field, shape, dtype, dims in fields:

@@ -116,9 +116,8 @@ class ModelDrafter:
     root_logits = logits[rows, n - start]
     ds = model.rollback(ds, n + 1)
 
-    def level_logits(d, fed, tokens, ds):
-      _, attention = shape.draft_attention(d)
-      return model.score_tree(ds, tokens[:, fed], attention)
+    def level_logits(level, tokens, ds):
+      return model.score_tree(ds, tokens[:, level.fed], level.attention)
 
     return tree_draft.expand(
       shape, sampler, root_logits, level_logits, ds, context.keys

@@ -142,8 +142,8 @@ def tree_block(
       one, then that node repeated.
     tried: `[B, N]` node i + 1 was tested.
     tokens: `[B, N]` the proposed token of node i + 1.
-    children: `[N + 1, W]` node u's rank-r child, or -1.
-    ranks: `[N + 1]` each node's rank among its siblings.
+    children: `[B, N + 1, W]` node u's rank-r child, or -1.
+    ranks: `[B, N + 1]` each node's rank among its siblings.
 
   Returns:
     codes: ACCEPTED along the path, then REPLACED where a child of the last
@@ -155,7 +155,8 @@ def tree_block(
   offsets = jnp.arange(d + 1)[None, :]
   a = accepted[:, None]
   node = jnp.take_along_axis(path, a, axis=1)[:, 0]
-  kids = children[node]  # [B, W]
+  rows = jnp.arange(node.shape[0])
+  kids = children[rows, node]  # [B, W]
   kid_tried = (kids > 0) & jnp.take_along_axis(
     tried, jnp.maximum(kids - 1, 0), axis=1
   )
@@ -168,7 +169,9 @@ def tree_block(
   codes = jnp.where(offsets < a, ACCEPTED, last)
   codes = codes + jnp.where(offsets == 0, START, 0)
   rejected = jnp.where((offsets == a) & replaced, first_token, -1)
-  path_ranks = jnp.pad(ranks[path[:, 1:]], ((0, 0), (0, 1)))
+  path_ranks = jnp.pad(
+    jnp.take_along_axis(ranks, path[:, 1:], axis=1), ((0, 0), (0, 1))
+  )
   rank = jnp.where(offsets < a, path_ranks, 0)
   return codes.astype(jnp.int8), rejected.astype(jnp.int32), rank
 

@@ -7,6 +7,12 @@ node 0 is the root (the newest decoder input, already known), nodes
 child ranks. A node's rank is its place among its siblings: the rank-0
 child is the drafter's first choice, rank 1 its second, and so on.
 
+Dynamic trees (`DynamicTree`, EAGLE-2 style): the number of nodes per
+depth is static, but which node is whose child is chosen per row at run
+time from the draft's own confidence (`core.tree_draft`); the loop reads
+the parents the drafter proposed (`TreeProposal.parents`) and builds the
+same tables per row (`TreeTables.from_parents`).
+
 Shapes given to `generate(tree=...)`:
   * Medusa's "choices": a list of paths of child ranks, e.g.
     `[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]` (every prefix of a path
@@ -21,6 +27,9 @@ import functools
 from typing import Any
 from typing import Sequence
 
+import flax.struct
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 # More nodes than this are never useful in one target call (and would make
@@ -61,6 +70,37 @@ class TreeAttention:
   def mask_array(self) -> np.ndarray:
     """`[T, offset + T] bool`."""
     return np.asarray(self.mask, bool).reshape(self.num_new, -1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowTreeAttention:
+  """A tree call whose ancestor mask differs per model row.
+
+  Duck-types `TreeAttention` for `layers.layout.tree_slot_layout`: the
+  positions are static (a node's depth), the mask is a traced array
+  (speculative beam search's per-beam trees, dynamic trees).
+
+  Attributes:
+    positions: `[offset + T]` position of every scratch slot relative to
+      the row's index.
+    mask: `[R, T, offset + T] bool` per model row: new token t attends to
+      scratch slot u.
+    offset: scratch slots written by earlier calls of this tree.
+  """
+
+  positions: tuple[int, ...]
+  mask: jax.Array
+  offset: int = 0
+
+  @property
+  def num_new(self) -> int:
+    return len(self.positions) - self.offset
+
+  def new_positions(self) -> np.ndarray:
+    return np.asarray(self.positions[self.offset :], np.int32)
+
+  def mask_array(self) -> jax.Array:
+    return self.mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +235,190 @@ class TreeShape:
       offset=offset,
       mask=tuple(tuple(bool(x) for x in row) for row in mask),
     )
+
+
+# Candidate children per node of a dynamic tree unless given (`DynamicTree`).
+DYNAMIC_WIDTH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+  """A dynamic tree's static sizes (module docstring, `core.tree_draft`).
+
+  Depth d holds `levels[d - 1]` nodes, node ids in breadth-first blocks
+  (depth 1 first); which node of depth d - 1 is each one's parent, and so
+  each node's rank among its siblings, is chosen per row at run time.
+
+  Attributes:
+    levels: (L_1, ..., L_D) nodes per depth; N = their sum.
+    width: W, the most children of one node.
+  """
+
+  levels: tuple[int, ...]
+  width: int = DYNAMIC_WIDTH
+
+  def __post_init__(self):
+    levels, width = self.levels, self.width
+    if (
+      not isinstance(levels, tuple)
+      or not levels
+      or any(
+        isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1
+        for x in levels
+      )
+    ):
+      raise ValueError(
+        f'DynamicTree levels must be a non-empty tuple of ints >= 1, '
+        f'got {levels!r}'
+      )
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+      raise ValueError(f'DynamicTree width must be an int >= 1, got {width!r}')
+    if sum(levels) > MAX_NODES:
+      raise ValueError(
+        f'a tree has at most {MAX_NODES} nodes, got {sum(levels)} ({levels})'
+      )
+    for d, size in enumerate(levels):
+      room = width * (levels[d - 1] if d else 1)
+      if size > room:
+        raise ValueError(
+          f'DynamicTree depth {d + 1} has {size} nodes, more than width '
+          f'{width} x {room // width} parents allow'
+        )
+
+  @classmethod
+  def budget(
+    cls, nodes: int, depth: int, width: int = DYNAMIC_WIDTH
+  ) -> 'DynamicTree':
+    """`nodes` split evenly over `depth` levels (the first levels take
+    the remainder), as EAGLE-2 keeps the same number of nodes per level.
+
+    Raises:
+      ValueError: fewer nodes than levels, or a level wider than `width`.
+    """
+    for name, x in (('nodes', nodes), ('depth', depth)):
+      if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
+        raise ValueError(
+          f'a dynamic tree {name} must be an int >= 1, got {x!r}'
+        )
+    if nodes < depth:
+      raise ValueError(
+        f'a dynamic tree needs at least one node per level: {nodes} nodes, '
+        f'depth {depth}'
+      )
+    base, extra = divmod(int(nodes), int(depth))
+    return cls(tuple(base + (d < extra) for d in range(depth)), width)
+
+  @classmethod
+  def like(cls, shape: TreeShape, width: int = DYNAMIC_WIDTH) -> 'DynamicTree':
+    """The nodes per depth of a static `shape` (at least `shape.width`
+    children per node)."""
+    counts = np.bincount(shape.depths[1:])[1:]
+    return cls(tuple(int(c) for c in counts), max(width, shape.width))
+
+  @property
+  def num_nodes(self) -> int:
+    return sum(self.levels)
+
+  @property
+  def depth(self) -> int:
+    return len(self.levels)
+
+  @functools.cached_property
+  def depths(self) -> np.ndarray:
+    """`[N + 1] int32`, 0 for the root (static, as `TreeShape.depths`)."""
+    return np.repeat(
+      np.arange(self.depth + 1, dtype=np.int32), (1,) + self.levels
+    )
+
+  def level_ids(self, depth: int) -> np.ndarray:
+    """Node ids at `depth` (0: the root)."""
+    return np.flatnonzero(self.depths == depth).astype(np.int32)
+
+
+@flax.struct.dataclass(kw_only=True)
+class TreeTables:
+  """A tree's tables (`TreeShape`'s) per row, `[B, ...]`, for the loop and
+  the verifier: a static shape's broadcast (`of_shape`), or a dynamic
+  tree's from the parents its drafter chose (`from_parents`).
+
+  Attributes:
+    parents: `[B, N + 1] int32`, -1 for the root.
+    ranks: `[B, N + 1] int32` place among siblings (0 for the root).
+    children: `[B, N + 1, W] int32` u's rank-r child, or -1.
+    ancestors: `[B, N + 1, N + 1] bool` j is u's ancestor or u itself.
+    path_nodes: `[B, N + 1, D + 1] int32` (`TreeShape.path_nodes`).
+    principal: `[B, N + 1] bool` u lies on the all-rank-0 path.
+  """
+
+  parents: jax.Array
+  ranks: jax.Array
+  children: jax.Array
+  ancestors: jax.Array
+  path_nodes: jax.Array
+  principal: jax.Array
+
+  @classmethod
+  def of_shape(cls, shape: TreeShape, batch: int) -> 'TreeTables':
+    def rows(table):
+      return jnp.broadcast_to(jnp.asarray(table), (batch,) + table.shape)
+
+    return cls(
+      parents=rows(shape.parents),
+      ranks=rows(shape.ranks),
+      children=rows(shape.children),
+      ancestors=rows(shape.ancestors),
+      path_nodes=rows(shape.path_nodes),
+      principal=rows(shape.principal),
+    )
+
+  @classmethod
+  def from_parents(cls, tree: DynamicTree, parents: jax.Array) -> 'TreeTables':
+    """The tables of `tree` whose node i + 1 has parent `parents[:, i]`
+    (`[B, N]`, a node of the depth above). Siblings rank in node-id order.
+    """
+    n, d = tree.num_nodes, tree.depth
+    batch = parents.shape[0]
+    ids = jnp.arange(n + 1, dtype=jnp.int32)
+    par = jnp.concatenate(
+      [jnp.full((batch, 1), -1, jnp.int32), parents.astype(jnp.int32)], 1
+    )
+    elder = (par[:, :, None] == par[:, None, :]) & (
+      ids[None, None] < ids[None, :, None]
+    )
+    ranks = jnp.sum(elder, axis=2).astype(jnp.int32)
+    drop = (par < 0) | (ranks >= tree.width)
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], par.shape)
+    children = jnp.full((batch, n + 1, tree.width), -1, jnp.int32)
+    children = children.at[
+      rows, jnp.where(drop, n + 1, par), jnp.minimum(ranks, tree.width - 1)
+    ].set(jnp.broadcast_to(ids, par.shape), mode='drop')
+    # up[:, u, k]: u's ancestor k levels up (the root past the top).
+    up = [jnp.broadcast_to(ids, par.shape)]
+    safe = jnp.maximum(par, 0)
+    for _ in range(d):
+      up.append(jnp.take_along_axis(safe, up[-1], axis=1))
+    up = jnp.stack(up, axis=2)  # [B, N + 1, D + 1]
+    depths = tree.depths
+    back = np.maximum(depths[:, None] - np.arange(d + 1)[None], 0)
+    path = jnp.take_along_axis(up, jnp.asarray(back)[None], axis=2)
+    ancestors = jnp.max(jax.nn.one_hot(up, n + 1, dtype=jnp.int32), 2) > 0
+    principal = jnp.all(
+      jnp.take_along_axis(ranks, path.reshape(batch, -1), 1).reshape(path.shape)
+      == 0,
+      axis=2,
+    )
+    return cls(
+      parents=par,
+      ranks=ranks,
+      children=children,
+      ancestors=ancestors,
+      path_nodes=path,
+      principal=principal,
+    )
+
+
+def is_dynamic(tree: Any) -> bool:
+  return isinstance(tree, DynamicTree)
 
 
 def _validate(paths: Any) -> None:

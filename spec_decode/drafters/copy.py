@@ -93,7 +93,18 @@ class Copy:
     """Several matches: the root's rank-r child starts the continuation of
     the r-th match (`lookup` again, excluding the first tokens of the
     matches before it), which goes on down that child's rank-0 chain.
-    Nodes with another rank below depth 1 are not proposed."""
+    Nodes with another rank below depth 1 are not proposed. Static trees
+    only: its proposals are point masses, without a confidence to allot
+    a dynamic tree's nodes by.
+
+    Raises:
+      ValueError: `shape` is a dynamic tree.
+    """
+    if not hasattr(shape, 'paths'):
+      raise ValueError(
+        'Copy proposes static trees only (its proposals have no '
+        'confidence for a dynamic tree); give tree= a shape'
+      )
     depth = shape.depth
     ranks = int((shape.children[0] >= 0).sum())
     conts, nums, firsts = [], [], []

@@ -244,10 +244,11 @@ class Heads:
       )
     logits = self.logits(context.target_features, depth)  # [B, D, V]
 
-    def level_logits(d, fed, tokens, carry):
+    def level_logits(level, tokens, carry):
       del tokens
+      d, t = level.depth, len(level.fed)
       head = jnp.broadcast_to(
-        logits[:, d : d + 1], (logits.shape[0], len(fed), logits.shape[-1])
+        logits[:, d : d + 1], (logits.shape[0], t, logits.shape[-1])
       )
       return head, carry
 

@@ -245,9 +245,8 @@ class NGram:
       q = self.probs_after(ctx.reshape(batch * t, width))
       return jnp.log(q).reshape(batch, t, -1)
 
-    def level_logits(d, fed, tokens, carry):
-      path = shape.path_nodes[fed][:, 1 : d + 1]  # [T, d] static
-      return logits_after(tokens[:, path]), carry
+    def level_logits(level, tokens, carry):
+      return logits_after(level.path_tokens(tokens)), carry
 
     root = logits_after(jnp.zeros((batch, 1, 0), jnp.int32))[:, 0]
     proposal, _ = tree_draft.expand(

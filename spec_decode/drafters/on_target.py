@@ -282,14 +282,14 @@ class FeatureDrafting(OnTarget):
       .at[:, 0]
       .set(h)
     )
-    parents = shape.parents
 
-    def level_logits(d, fed, tokens, carry):
+    def level_logits(level, tokens, carry):
       cache, hidden = carry
-      _, attention = shape.draft_attention(d)
+      fed = level.fed
       out, cache = self.run_tokens(
-        hidden[:, parents[fed]], tokens[:, fed], None, cross, cache, attention
-      )
+        level.at_parents(hidden), tokens[:, fed], None, cross, cache,
+        level.attention,
+      )  # fmt: skip
       return self.logits(out), (cache, hidden.at[:, fed].set(out))
 
     proposal, (cache, _) = tree_draft.expand(
@@ -346,9 +346,8 @@ class EarlyExitDrafting(OnTarget):
     width = drafter.accepted_bound(context, shape.depth) + 1
     root, ds = self._root(model, self.synced(state, context, width), context)
 
-    def level_logits(d, fed, tokens, ds):
-      _, attention = shape.draft_attention(d)
-      return model.score_tree(ds, tokens[:, fed], attention)
+    def level_logits(level, tokens, ds):
+      return model.score_tree(ds, tokens[:, level.fed], level.attention)
 
     proposal, ds = tree_draft.expand(
       shape, settings.sampler, root, level_logits, ds, context.keys

@@ -50,7 +50,7 @@ def tree_slot_layout(index: jax.Array, slots: jax.Array, tree):
     slots: `[B, L] int32` the slot each buffer entry holds (negative: none).
     tree: the call's `TreeAttention` (static), or an object with its
       fields whose `mask_array()` is `[B, T, offset + T]`, one mask per row
-      (speculative beam search, `beam.draft_trees.RowTreeAttention`).
+      (speculative beam search, `core.tree_shape.RowTreeAttention`).
 
   Returns:
     `q_pos [B, T]`, `k_pos [B, L]` (a scratch slot's position is that of

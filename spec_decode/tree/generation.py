@@ -7,6 +7,13 @@ with the per-node counts; for `SpecStats` depth d plays position d) plus a
 per-node, per-depth and per-rank acceptance that `tree='auto'` uses, and
 the tokens' provenance (`core.provenance`: the accepted path, each node's
 rank among its siblings, the target's token and the rejected child).
+
+Dynamic trees (EAGLE-2 style, `core.tree_shape.DynamicTree`): `tree=` a
+`DynamicTree` (a node budget: nodes per depth, most children per node),
+or `tree='dynamic'`, whose budget is tree='auto''s choice: the static tree
+with the most expected tokens per second under the same calibration and
+cost model (`tree.auto`), its nodes per depth kept and their parents left
+to the draft's confidence (`dynamic_like`).
 """
 
 from typing import Any
@@ -60,17 +67,39 @@ def check(
       )
   if is_auto(tree):
     return None
+  if is_dynamic_auto(tree):
+    return DYNAMIC
+  if tree_lib.is_dynamic(tree):
+    return tree
   return tree_lib.parse(tree)
+
+
+# `check`'s answer for tree='dynamic' (the budget chosen in the decode).
+DYNAMIC = 'dynamic'
 
 
 def is_auto(tree: Any) -> bool:
   return inputs.is_auto(tree)
 
 
+def is_dynamic_auto(tree: Any) -> bool:
+  """Whether `tree` spells 'dynamic' (any case, surrounding whitespace)."""
+  return isinstance(tree, str) and tree.strip().lower() == DYNAMIC
+
+
+def dynamic_like(paths) -> tree_lib.DynamicTree:
+  """The dynamic tree with the nodes per depth of the static tree `paths`
+  (tree='dynamic''s budget)."""
+  return tree_lib.DynamicTree.like(tree_lib.from_paths(paths))
+
+
 def run(model, draft, enc, keys, settings, shape, batch):
-  """`generate`'s tree path: a fixed shape, or 'auto' (shape None)."""
-  if shape is None:
-    return decode_auto(model, draft, enc, keys, settings, batch)
+  """`generate`'s tree path: a fixed shape or `DynamicTree`, 'auto'
+  (shape None) or 'dynamic' (`DYNAMIC`)."""
+  if shape is None or shape == DYNAMIC:
+    return decode_auto(
+      model, draft, enc, keys, settings, batch, dynamic=shape == DYNAMIC
+    )
   return decode(model, draft, enc, keys, settings, shape, batch)
 
 
@@ -97,13 +126,14 @@ def decode(model, draft, enc, keys, settings, shape, batch):
   return out[:batch], lengths, counters, report(shape, counters, lengths), prov
 
 
-def decode_auto(model, draft, enc, keys, settings, batch):
+def decode_auto(model, draft, enc, keys, settings, batch, dynamic=False):
   """tree='auto' in one decode (`tree.auto`): the first iterations with the
   calibration tree, then the tree chosen from what they accepted, from the
-  same loop state, with the same keys. When the chosen tree is shallower,
-  its first iteration re-synchronises the drafter with the committed
-  prefix (the calibration may have accepted more tokens than the new tree
-  is deep; `tree.loop.Iteration.iterate`).
+  same loop state, with the same keys (`dynamic`: tree='dynamic', the
+  dynamic tree with the chosen tree's nodes per depth). When the chosen
+  tree is shallower, its first iteration re-synchronises the drafter with
+  the committed prefix (the calibration may have accepted more tokens than
+  the new tree is deep; `tree.loop.Iteration.iterate`).
 
   Exact: the choice reads the calibration iterations' counts of tested and
   accepted nodes (and costs timed with other keys), which depend only on
@@ -132,6 +162,8 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     model, draft, enc, settings, cal['rank_acceptance']
   )
   shape = tree_lib.from_paths(choice['paths'])
+  if dynamic:
+    shape = dynamic_like(choice['paths'])
   state = tree_loop.run_jit(
     tree_loop.go_on_jit, model, draft, enc, keys, settings, shape, state=state
   )
@@ -154,6 +186,8 @@ def decode_auto(model, draft, enc, keys, settings, batch):
     cost_fit=cost,
     measured_tokens_per_call=tree['tokens_per_call'],
   )
+  if dynamic:  # The expected count is the static tree's (a lower bound).
+    tree['auto']['dynamic_levels'] = list(shape.levels)
   spec = _joined(cal_counters, counters)
   return out, lengths, spec, tree, _provenance(record, settings, batch)
 
@@ -178,16 +212,37 @@ def _joined(a: SpecCounters, b: SpecCounters) -> SpecCounters:
   )
 
 
-def report(shape: tree_lib.TreeShape, counters: SpecCounters, lengths) -> dict:
+def report(shape, counters: SpecCounters, lengths) -> dict:
   """What a tree decode measured (plain Python / numpy values).
 
   Keys: `paths` (the shape), `num_nodes`, `depth`, `node_tries` and
   `node_accepts` `[N]` (summed over rows), `rank_acceptance` `[D, W]`
   (P(the rank-r child at depth d is accepted | it was tested), NaN where
-  never tested), `tokens_per_call` (output tokens per target call).
+  never tested), `tokens_per_call` (output tokens per target call). A
+  `DynamicTree`'s ranks vary by row: `levels` and `width` instead of
+  `paths`, and `depth_acceptance` `[D]` (P(a node at depth d is accepted |
+  tested)) instead of the per-rank counts.
   """
   tries = counters.node_tries.sum(0)
   accepts = counters.node_accepts.sum(0)
+  iters = counters.iterations
+  tokens_per_call = float(np.sum(lengths) / max(int(iters.sum()), 1))
+  if tree_lib.is_dynamic(shape):
+    depth_of = shape.depths[1:] - 1
+    d_tries = np.bincount(depth_of, tries, shape.depth)
+    d_accepts = np.bincount(depth_of, accepts, shape.depth)
+    with np.errstate(invalid='ignore', divide='ignore'):
+      depth_acc = np.where(d_tries > 0, d_accepts / d_tries, np.nan)
+    return {
+      'levels': list(shape.levels),
+      'width': shape.width,
+      'num_nodes': shape.num_nodes,
+      'depth': shape.depth,
+      'node_tries': tries,
+      'node_accepts': accepts,
+      'depth_acceptance': depth_acc,
+      'tokens_per_call': tokens_per_call,
+    }
   d, w = shape.depth, shape.width
   rank_tries = np.zeros((d, w))
   rank_accepts = np.zeros((d, w))
@@ -195,7 +250,6 @@ def report(shape: tree_lib.TreeShape, counters: SpecCounters, lengths) -> dict:
   np.add.at(rank_accepts, (shape.depths[1:] - 1, shape.ranks[1:]), accepts)
   with np.errstate(invalid='ignore', divide='ignore'):
     rank_acc = np.where(rank_tries > 0, rank_accepts / rank_tries, np.nan)
-  iters = counters.iterations
   return {
     'paths': [list(p) for p in shape.paths],
     'num_nodes': shape.num_nodes,
@@ -204,5 +258,5 @@ def report(shape: tree_lib.TreeShape, counters: SpecCounters, lengths) -> dict:
     'node_accepts': accepts,
     'rank_tries': rank_tries,
     'rank_acceptance': rank_acc,
-    'tokens_per_call': float(np.sum(lengths) / max(int(iters.sum()), 1)),
+    'tokens_per_call': tokens_per_call,
   }

@@ -20,6 +20,12 @@ Per iteration, for a row with n output tokens:
      values move to slots n..n+a, `commit_tree`); the rest is scratch that
      the next iteration overwrites.
 
+Dynamic trees (`core.tree_shape.DynamicTree`, EAGLE-2 style): the
+shape's nodes per depth are static, their parents are the drafter's
+choice per row (`TreeProposal.parents`); the loop builds each row's tables
+from them (`TreeTables.from_parents`) and the target's ancestor mask per
+row (`RowTreeAttention`). Everything else is the static tree's.
+
 Cache length: the models' states hold M + N + 2 inputs (n + N + 1 slots
 are written while n < M). `Iteration.init` can size them (and the token
 buffer) for a larger tree than the first one, so that a decode goes on from
@@ -47,6 +53,7 @@ from jax import lax
 from spec_decode.core import drafter
 from spec_decode.core import loop_state
 from spec_decode.core import provenance as provenance_lib
+from spec_decode.core import tree_shape as tree_lib
 from spec_decode.core.counters import SpecCounters
 from spec_decode.core.decode_settings import DecodeSettings
 from spec_decode.core.tree_shape import TreeShape
@@ -73,10 +80,10 @@ class Iteration(loop_state.Loop):
   tree's depth D, `settings_for`).
 
   Attributes:
-    shape: the static tree.
+    shape: the static tree, or a `DynamicTree`'s static sizes.
   """
 
-  shape: TreeShape
+  shape: TreeShape | tree_lib.DynamicTree
 
   @classmethod
   def create(
@@ -133,7 +140,14 @@ class Iteration(loop_state.Loop):
     root = loop_state.gather(state.inputs, n[:, None])
     nodes = jnp.concatenate([root, proposal.tokens], axis=1)
     tgt = target.rollback(state.target, n)
-    attention = shape.target_attention()
+    if tree_lib.is_dynamic(shape):
+      tables = tree_lib.TreeTables.from_parents(shape, proposal.parents)
+      attention = tree_lib.RowTreeAttention(
+        positions=tuple(int(d) for d in shape.depths), mask=tables.ancestors
+      )
+    else:
+      tables = tree_lib.TreeTables.of_shape(shape, n.shape[0])
+      attention = shape.target_attention()
     feats = None
     if self.with_features:
       logits, feats, tgt = target.score_tree_with_features(
@@ -150,6 +164,7 @@ class Iteration(loop_state.Loop):
       proposal.valid,
       self.row_keys,
       n,
+      tables,
     )
     a = result.accepted
     tgt = target.commit_tree(tgt, result.path, a + 1)
@@ -178,8 +193,8 @@ class Iteration(loop_state.Loop):
         result.path,
         result.tried,
         proposal.tokens,
-        jnp.asarray(shape.children),
-        jnp.asarray(shape.ranks),
+        tables.children,
+        tables.ranks,
       ),
     )
     # A node counts where it was tested inside what the row kept (nothing

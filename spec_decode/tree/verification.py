@@ -29,6 +29,11 @@ tree the same argument holds at every accepted node, whose subtree was
 drawn from the drafter given that node's path. docs/decoding.md has the
 full statement.
 
+Dynamic trees (`core.tree_shape.DynamicTree`): the same walk over each
+row's own tables (`TreeTables`, from the parents its drafter chose); the
+argument above holds for any shape that depends on nothing the verifier
+draws and on no node's own draw (`core.tree_draft`).
+
 Keys: node u at depth d uses the row's keys for output position n + d
 (`verify_block`'s purposes), folded once more with u's id unless u lies on
 the all-rank-0 path; so a chain-shaped tree draws exactly what the chain
@@ -43,6 +48,7 @@ from spec_decode.core import sampling
 from spec_decode.core import tree_draft
 from spec_decode.core import verified_block
 from spec_decode.core.tree_shape import TreeShape
+from spec_decode.core.tree_shape import TreeTables
 
 # As in `verify.next_distribution`: below this mass a residual is empty.
 _RESIDUAL_FLOOR = 1e-12
@@ -83,16 +89,21 @@ class TreeVerifyResult:
 
 
 def node_keys(
-  shape: TreeShape, row_keys: jax.Array, length: jax.Array, purpose: int
+  shape: TreeShape,
+  row_keys: jax.Array,
+  length: jax.Array,
+  purpose: int,
+  principal: jax.Array | None = None,
 ) -> jax.Array:
   """Keys `[B, N]` of the nodes of a tree rooted after `length [B]` tokens.
 
   Node u at depth d gets `fold_in(fold_in(row_key, n + d), purpose)`, folded
-  with u once more unless it is on the all-rank-0 path.
+  with u once more unless it is on the all-rank-0 path (`principal [B, N]`
+  for a dynamic tree).
   """
   positions = length[:, None] + 1 + jnp.arange(shape.depth)[None]
   return tree_draft.fold_node_keys(
-    shape, sampling.position_keys(row_keys, positions, purpose)
+    shape, sampling.position_keys(row_keys, positions, purpose), principal
   )
 
 
@@ -107,32 +118,35 @@ def verify_greedy(
   target_tokens: jax.Array,
   tokens: jax.Array,
   valid: jax.Array,
+  tables: TreeTables | None = None,
 ) -> TreeVerifyResult:
   """Argmax verification.
 
   Args:
-    shape: the tree.
+    shape: the tree (a `TreeShape`, or a `DynamicTree` with `tables`).
     target_tokens: `[B, N + 1]` the target's argmax after each node's path
       (node 0: after the root).
     tokens: `[B, N]` proposed tokens of nodes 1..N.
     valid: `[B, N] bool` which nodes were proposed.
+    tables: the rows' tables (default: the static shape's).
   """
   batch = tokens.shape[0]
   rows = jnp.arange(batch)
   tok = _with_root(tokens, 0)
   ok = _with_root(valid, True)
-  children = jnp.asarray(shape.children)
+  tables = tables or TreeTables.of_shape(shape, batch)
+  children = tables.children
   cur = jnp.zeros((batch,), jnp.int32)
   alive = jnp.ones((batch,), bool)
   tried = jnp.zeros((batch, shape.num_nodes + 1), bool)
   betas = []
   for _ in range(shape.depth):
     want = target_tokens[rows, cur]
-    kids = children[cur]
+    kids = children[rows, cur]
     found = jnp.zeros((batch,), bool)
     nxt = cur
     beta0 = jnp.zeros((batch,), jnp.float32)
-    for r in range(shape.width):
+    for r in range(children.shape[2]):
       c = kids[:, r]
       safe = jnp.maximum(c, 0)
       test = alive & ~found & (c > 0) & ok[rows, safe]
@@ -151,7 +165,7 @@ def verify_greedy(
   return TreeVerifyResult(
     accepted=accepted,
     node=cur,
-    path=jnp.asarray(shape.path_nodes)[cur],
+    path=tables.path_nodes[rows, cur],
     next_token=target_tokens[rows, cur],
     tried=tried[:, 1:],
     beta=jnp.stack(betas, axis=1),
@@ -167,11 +181,12 @@ def verify_sampling(
   uniforms: jax.Array,
   residual_keys: jax.Array,
   bonus_keys: jax.Array,
+  tables: TreeTables | None = None,
 ) -> TreeVerifyResult:
   """Recursive rejection over siblings (module docstring).
 
   Args:
-    shape: the tree.
+    shape: the tree (a `TreeShape`, or a `DynamicTree` with `tables`).
     p: `[B, N + 1, V]` target distributions after each node's path.
     q: `[B, N, V]` the distribution each node's token was drawn from.
     tokens: `[B, N]` proposed tokens.
@@ -180,24 +195,26 @@ def verify_sampling(
     residual_keys: `[B, D + 1]` key of the final draw after a = 0..D
       accepted tokens when something was rejected or not proposed there.
     bonus_keys: `[B, D + 1]`; entry D draws after a full-depth path.
+    tables: the rows' tables (default: the static shape's).
   """
   batch = tokens.shape[0]
   rows = jnp.arange(batch)
   tok = _with_root(tokens, 0)
   ok = _with_root(valid, True)
   u_all = _with_root(uniforms, 0.0)
-  children = jnp.asarray(shape.children)
+  tables = tables or TreeTables.of_shape(shape, batch)
+  children = tables.children
   cur = jnp.zeros((batch,), jnp.int32)
   alive = jnp.ones((batch,), bool)
   pcur = p[:, 0]
   tried = jnp.zeros((batch, shape.num_nodes + 1), bool)
   betas = []
   for _ in range(shape.depth):
-    kids = children[cur]
+    kids = children[rows, cur]
     found = jnp.zeros((batch,), bool)
     nxt = cur
     beta0 = jnp.zeros((batch,), jnp.float32)
-    for r in range(shape.width):
+    for r in range(children.shape[2]):
       c = kids[:, r]
       safe = jnp.maximum(c, 0)
       test = alive & ~found & (c > 0) & ok[rows, safe]
@@ -238,7 +255,7 @@ def verify_sampling(
   return TreeVerifyResult(
     accepted=accepted,
     node=cur,
-    path=jnp.asarray(shape.path_nodes)[cur],
+    path=tables.path_nodes[rows, cur],
     next_token=jax.vmap(sampling.sample)(keys, pcur),
     tried=tried[:, 1:],
     beta=jnp.stack(betas, axis=1),
@@ -254,20 +271,30 @@ def verify_tree(
   valid: jax.Array,
   row_keys: jax.Array,
   length: jax.Array,
+  tables: TreeTables | None = None,
 ) -> TreeVerifyResult:
   """Verifies a proposal against the target's logits `[B, N + 1, V]`.
 
   The draws use the row keys at output positions n + 1.. (`length` = n):
   node uniforms with `verified_block.ACCEPT`, the final draw with
   `RESIDUAL` at n + a + 1, or `SAMPLE` at n + D + 1 after a full-depth path.
+  `tables`: the rows' tables (a dynamic tree's; default the shape's).
   """
   if sampler.is_greedy:
-    return verify_greedy(shape, sampling.argmax(logits), tokens, valid)
+    return verify_greedy(shape, sampling.argmax(logits), tokens, valid, tables)
   if q is None:
     q = jax.nn.one_hot(tokens, logits.shape[-1], dtype=jnp.float32)
   uniforms = jax.vmap(
     jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))
-  )(node_keys(shape, row_keys, length, verified_block.ACCEPT))
+  )(
+    node_keys(
+      shape,
+      row_keys,
+      length,
+      verified_block.ACCEPT,
+      None if tables is None else tables.principal[:, 1:],
+    )
+  )
   positions = length[:, None] + 1 + jnp.arange(shape.depth + 1)[None]
   return verify_sampling(
     shape,
@@ -278,4 +305,5 @@ def verify_tree(
     uniforms,
     sampling.position_keys(row_keys, positions, verified_block.RESIDUAL),
     sampling.position_keys(row_keys, positions, verified_block.SAMPLE),
+    tables,
   )

@@ -66,8 +66,9 @@ def test_tree_block_codes_ranks_and_the_rejected_child():
   from spec_decode.core import tree_shape  # pylint: disable=g-import-not-at-top
 
   shape = tree_shape.from_branching((2, 1))  # 1:[0] 2:[1] 3:[0,0] 4:[1,0]
-  children = jnp.asarray(shape.children)
-  ranks = jnp.asarray(shape.ranks)
+  # Per-row tables (a dynamic tree's differ by row).
+  children = jnp.broadcast_to(shape.children, (3,) + shape.children.shape)
+  ranks = jnp.broadcast_to(shape.ranks, (3,) + shape.ranks.shape)
   tokens = jnp.array([[11, 12, 13, 14]] * 3)
   # Row 0: node 2 (rank 1) accepted, its child 4 tried and rejected.
   # Row 1: nodes 1 and 3 accepted (a leaf: the bonus token).

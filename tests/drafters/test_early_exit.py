@@ -127,7 +127,14 @@ def test_shared_slots_and_first_q_equal_teacher_forcing(model, tree):
   )
 
 
-@pytest.mark.parametrize('kw', [dict(gamma=3), dict(tree=(2, 2, 1))])
+@pytest.mark.parametrize(
+  'kw',
+  [
+    dict(gamma=3),
+    dict(tree=(2, 2, 1)),
+    dict(tree=sd.DynamicTree((2, 3, 2), width=2)),
+  ],
+)
 def test_greedy_identity_batch_8(model, kw):
   enc = encoder_batch(8, 7, 16, seed=9)
   plain = sd.generate(model, enc, max_decode_len=14)

@@ -133,14 +133,15 @@ def test_tree_root_is_the_chain_first_token(model):
   [
     dict(gamma=3),
     dict(tree=(2, 2, 1)),
+    dict(tree=sd.DynamicTree((2, 3, 2), width=2)),
     dict(gamma='auto'),
     dict(gamma=4, dynamic_gamma=0.2),
   ],
 )
 def test_greedy_identity_batch_8(model, kw):
-  """Chains, trees, gamma='auto' and dynamic gamma (rows stop drafting at
-  low draft confidence): the output is plain greedy's, with rows that
-  accept different numbers of tokens."""
+  """Chains, trees (static and dynamic), gamma='auto' and dynamic gamma
+  (rows stop drafting at low draft confidence): the output is plain
+  greedy's, with rows that accept different numbers of tokens."""
   enc = encoder_batch(8, 7, 16, seed=9)
   plain = sd.generate(model, enc, max_decode_len=14)
   draft = _noisy(FeatureDraft.init(model), 0.3, 2)

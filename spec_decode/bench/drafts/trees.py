@@ -9,8 +9,12 @@ Two sections, printed as tables and written as JSON (`--out`):
    per-depth, per-rank acceptance measured by a calibration decode of
    other test examples (the wide `tree_auto.CALIBRATION` tree), plus the
    budget `tree_auto.choose` picks from that acceptance and the measured
-   v(n) ('auto'). Each tree is set against the chain with the same number
-   of verified positions (gamma = budget) and against the fastest chain.
+   v(n) ('auto'), and for each of those budgets the dynamic tree with its
+   nodes per depth (`DynamicTree.like`, EAGLE-2 style: parents chosen per
+   row by the draft's confidence; 'dynamic budget=auto': the 'auto' tree's
+   nodes per depth, as tree='dynamic' takes them). Each tree is set
+   against the chain with the same number of verified positions (gamma =
+   budget) and against the fastest chain.
    Times: every configuration compiles first (inputs padded to one width),
    then `--repeats` interleaved rounds decode every example under every
    configuration; an example counts with its fastest round.
@@ -188,6 +192,12 @@ def demo_section(args, target, draft, vocab) -> list[dict]:
       (f'tree auto ({auto["num_nodes"]} nodes)',
        dict(base, draft=draft, tree=[list(p) for p in auto['paths']]))
     )  # fmt: skip
+    configs += [
+      (f'tree dynamic budget={n}',
+       dict(base, draft=draft, tree=tree_lib.DynamicTree.like(
+         tree_lib.from_paths(auto['paths'] if n == 'auto' else shapes[n]))))
+      for n in args.budgets + ['auto']
+    ]  # fmt: skip
     outs, secs = interleaved.fastest_runs(
       target, enc, [kw for _, kw in configs], args.repeats
     )
@@ -195,10 +205,15 @@ def demo_section(args, target, draft, vocab) -> list[dict]:
     section = [plain_row]
     for (name, kw), o, s in zip(configs[1:], outs[1:], secs[1:], strict=True):
       row, _ = _summary(name, o, s, plain if t == 0.0 else None)
-      row['verified'] = (
-        kw['gamma'] + 1 if 'gamma' in kw else len(kw['tree']) + 1
-      )
-      if 'tree' in kw:
+      dynamic = tree_lib.is_dynamic(kw.get('tree'))
+      if 'gamma' in kw:
+        row['verified'] = kw['gamma'] + 1
+      else:
+        tree = kw['tree']
+        row['verified'] = (tree.num_nodes if dynamic else len(tree)) + 1
+      if dynamic:
+        row['levels'] = list(kw['tree'].levels)
+      elif 'tree' in kw:
         row['paths'] = kw['tree']
         n = len(kw['tree'])
         row['expected_tokens_per_call'] = expected.get(n) or auto.get(
