@@ -30,7 +30,7 @@ from conftest import tiny_config
 
 import spec_decode as sd
 from spec_decode.core import model_drafter
-from spec_decode.drafters import feature as feature_lib
+from spec_decode.drafters import on_target
 from spec_decode.drafters.feature import FeatureDraft
 
 
@@ -107,7 +107,7 @@ def test_vocabulary_and_width_survive_save_load(model, tmp_path):
   back = FeatureDraft.load(path, model)
   np.testing.assert_array_equal(back.draft_vocab, [1, 4, 7])
   assert back.net_config.mlp_dim == 48 and back.draft_vocab_size == 3
-  info_file = os.path.join(path, feature_lib.INFO_FILE)
+  info_file = os.path.join(path, on_target.INFO_FILE)
   with open(info_file) as f:
     info = json.load(f)
   del info['draft_vocab']
