@@ -96,10 +96,10 @@ def dynamic_like(paths) -> tree_lib.DynamicTree:
 def run(model, draft, enc, keys, settings, shape, batch):
   """`generate`'s tree path: a fixed shape or `DynamicTree`, 'auto'
   (shape None) or 'dynamic' (`DYNAMIC`)."""
-  if shape is None or shape == DYNAMIC:
-    return decode_auto(
-      model, draft, enc, keys, settings, batch, dynamic=shape == DYNAMIC
-    )
+  if shape is None:
+    return decode_auto(model, draft, enc, keys, settings, batch)
+  if shape == DYNAMIC:
+    return decode_auto(model, draft, enc, keys, settings, batch, dynamic=True)
   return decode(model, draft, enc, keys, settings, shape, batch)
 
 
