@@ -14,9 +14,10 @@ whatever the draft proposes. A negative control shows the comparison sees
 a drafting copy rounded otherwise (float32 where the unsharded call drafts
 with bfloat16-rounded weights). What it cannot see, and what no mesh test
 can promise, is float32 rounding: XLA's sums depend on how many rows a
-product sees and on the model axis's split, and an inverse-CDF draw turns
-logits that differ by ~1e-5 into a different id about 1.5e-4 of the time
-(every drafter alike, measured on the demo pair: docs/guarantees.md). The
+product sees and on the model axis's split, and the nested inverse-CDF
+draw turns logits that differ by ~1e-5 into a different id about 1.7e-6
+of the time (1.1e-4 with one cumulative sum over the vocabulary; every
+drafter alike, measured on the demo pair: docs/guarantees.md). The
 mesh tests run in the 8-device subprocess of `test_in_subprocess`
 (`_mesh_util`).
 """
