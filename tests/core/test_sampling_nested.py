@@ -35,7 +35,9 @@ def _structured_probs():
 def _chi2_p_value(draws, probs, ids):
   counts = np.array([(draws == i).sum() for i in ids])
   expected = len(draws) * probs[ids].astype(np.float64)
-  return stats.chi2.sf(((counts - expected) ** 2 / expected).sum(), len(ids) - 1)
+  return stats.chi2.sf(
+    ((counts - expected) ** 2 / expected).sum(), len(ids) - 1
+  )
 
 
 def test_nested_draw_has_the_probabilities():
