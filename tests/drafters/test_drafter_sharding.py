@@ -14,9 +14,12 @@ whatever the draft proposes. A negative control shows the comparison sees
 a drafting copy rounded otherwise (float32 where the unsharded call drafts
 with bfloat16-rounded weights). What it cannot see, and what no mesh test
 can promise, is float32 rounding: XLA's sums depend on how many rows a
-product sees and on the model axis's split, so a draw within about 1e-6 of
-a decision boundary may go the other way (docs/guarantees.md). The mesh
-tests run in the 8-device subprocess of `test_in_subprocess` (`_mesh_util`).
+product sees and on the model axis's split, and the nested inverse-CDF
+draw turns logits that differ by ~1e-5 into a different id about 1.7e-6
+of the time (1.1e-4 with one cumulative sum over the vocabulary; every
+drafter alike, measured on the demo pair: docs/guarantees.md). The
+mesh tests run in the 8-device subprocess of `test_in_subprocess`
+(`_mesh_util`).
 """
 
 import _mesh_util
