@@ -5,14 +5,16 @@ every output, here of a target with V = 4 (EOS = 1) and sequences of at
 most M = 2 tokens (13 outputs), one input, temperature 1, and a bad draft
 (another random model, which the target often rejects). The shape is
 chosen per call, so the test calls `generate(tree='auto')` once per
-sample batch: at batch 1 with seeds 0..1999 (N = 2,000 samples, 2,000
+sample batch: at batch 1 with seeds 0..3999 (N = 4,000 samples, 4,000
 calls) and at batch 2 with seeds 0..2999 (N = 3,000 samples, 1,500 calls).
 The seeds were fixed before looking at a p-value; N was set from the
 negative control's p-values at 500..2,000 calls (batch 1 at 2,000 calls:
-p = 3e-12; batch 2 at 1,500: p = 4e-9). False-alarm rate 1e-3 per
-test. The costs are fixed (t = 2 + 0.5 n + 0.25 D: a timed choice would
-vary from run to run) and `tree.auto.choose` is memoized (the same answers,
-once per distinct calibration).
+p = 3e-12; batch 2 at 1,500: p = 4e-9). The nested draw (issue 42: a new
+map from uniforms to ids) left the batch-1 control at p = 1.0e-3 at 2,000
+calls, so batch 1 was re-set to 4,000 calls (control p = 5e-13 there).
+False-alarm rate 1e-3 per test. The costs are fixed (t = 2 + 0.5 n +
+0.25 D: a timed choice would vary from run to run) and `tree.auto.choose`
+is memoized (the same answers, once per distinct calibration).
 
 Negative control: tree='auto' as it was before issue 28 (a whole
 calibration decode with the decode's own keys, then the chosen tree
@@ -36,7 +38,7 @@ from spec_decode.tree import generation as tree_generation
 
 V, M = 4, 2
 ENC = np.array([[3, 2, 3, 2, 0]], np.int32)
-CALLS = {1: 2_000, 2: 1_500}
+CALLS = {1: 4_000, 2: 1_500}
 
 
 @functools.cache
