@@ -197,13 +197,6 @@ class FeatureDraft(on_target.FeatureDrafting):
       f'draft_vocab={self.draft_vocab_size}, {n:,} parameters)'
     )
 
-  @property
-  def draft_vocab_size(self) -> int:
-    """N, the ids the draft can propose (V without a draft vocabulary)."""
-    if self.draft_vocab is None:
-      return self.vocab_size
-    return int(self.draft_vocab.shape[0])
-
   # -- construction -----------------------------------------------------------
   @classmethod
   def init(

@@ -188,6 +188,13 @@ class FeatureDrafting(OnTarget):
   # the draft proposes (q = 0 elsewhere).
   draft_vocab = None
 
+  @property
+  def draft_vocab_size(self) -> int:
+    """N, the ids the draft can propose (V without a draft vocabulary)."""
+    if self.draft_vocab is None:
+      return self.vocab_size
+    return int(self.draft_vocab.shape[0])
+
   def draft_logits(self, features: Any) -> Any:
     """Logits `[..., N]` over `draft_vocab` (`[..., V]` without one)."""
     return self.logits(features)

@@ -431,7 +431,9 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   # train step's (static: hashed) has no draft vocabulary, which only
   # the metrics read; validation's (an argument) has it.
   frame = init.replace(params=None)
-  static_frame = frame.with_draft_vocab(None)
+  static_frame = frame
+  if frame.draft_vocab is not None:  # T5 only: T5Gemma keeps the full one.
+    static_frame = frame.with_draft_vocab(None)
 
   def step(state, batch):
     return train_step(
