@@ -91,7 +91,9 @@ def test_the_accel_job_end_to_end(tmp_path):
   assert [r['config'] for r in s['trees']['controlled']] == [
     'chain gamma=2',
     'tree budget=2',
+    'tree dynamic budget=2',
   ]
+  assert all(r['same_as_plain'] == 1.0 for r in s['trees']['controlled'])
   (beam,) = s['beam']
   assert beam['exact'] and beam['num_beams'] == 2
   md = (out / 'accel' / 'accel.md').read_text()

@@ -7,7 +7,9 @@ in one call, v_tree(n) (flat trees: the root and n children), against the
 chain's v(n + 1), both by one harness (`policy.timing`: the same compiled
 loop, calls and rollback), and trees against chains at the same verified
 positions under controlled acceptance
-(`bench.drafts.trees.ControlledTreeDraft`). Beam search: speculative
+(`bench.drafts.trees.ControlledTreeDraft`): the chain, the best static tree
+of the budget and the dynamic tree with its nodes per depth (EAGLE-2 style;
+what its per-row tables cost). Beam search: speculative
 against plain at `plan.beams` beams under the beam bench's controlled draft
 (`bench.beam.controlled`).
 
@@ -163,9 +165,16 @@ def trees(rec, plan: Plan, p, get_target, draft) -> list[Item]:
   acc = np.full((tree_auto.MAX_DEPTH, 4), plan.tree_alpha)
   for n in plan.tree_budgets:
     paths = tree_auto.best_trees(acc, n)[n - 1][0]
+    static = tree_shape.from_paths(paths)
     for name, tree in (
       (f'chain gamma={n}', tree_shape.chain(n)),
-      (f'tree budget={n}', tree_shape.from_paths(paths)),
+      (f'tree budget={n}', static),
+      # EAGLE-2's shape: the static tree's nodes per depth, parents chosen
+      # per row by the draft's confidence. Under controlled acceptance that
+      # confidence says nothing about the coins, so this row measures what
+      # a dynamic tree costs on the device (per-row masks and tables), not
+      # what it gains.
+      (f'tree dynamic budget={n}', tree_shape.DynamicTree.like(static)),
     ):
       items.append(Item(
         'trees', name, lambda n=n: predict_tree(n),

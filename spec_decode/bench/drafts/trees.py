@@ -86,7 +86,12 @@ class ControlledTreeDraft:
     proposal, state = inner.propose_tree(state, context, settings, shape)
     batch = context.length.shape[0]
     depth = jnp.asarray(shape.depths[1:])
-    rank = jnp.asarray(shape.ranks[1:])
+    if tree_lib.is_dynamic(shape):
+      # Ranks per row: the siblings the inner draft's confidence chose.
+      tables = tree_lib.TreeTables.from_parents(shape, proposal.parents)
+      rank = tables.ranks[:, 1:]
+    else:
+      rank = jnp.asarray(shape.ranks[1:])[None]
     cols = jnp.clip(
       context.length[:, None] + depth[None] - 1, 0, self.reference.shape[1] - 1
     )  # Output token n + d sits in column n + d - 1.
@@ -108,7 +113,7 @@ class ControlledTreeDraft:
     # Wrong guesses: distinct per rank, never the reference, never EOS.
     v = self.vocab_size - 2
     wrong = jnp.where(ref >= 2, 2 + (ref - 2 + 1 + rank) % v, 2 + rank)
-    tokens = jnp.where(rank[None] == right, ref, wrong).astype(jnp.int32)
+    tokens = jnp.where(rank == right, ref, wrong).astype(jnp.int32)
     return proposal.replace(tokens=tokens, q=None), state
 
 
