@@ -174,3 +174,30 @@ def test_a_draft_for_another_shape_is_refused(
   _no_weights_read(monkeypatch)
   with pytest.raises(ValueError, match=message):
     FeatureDraft.load(tmp_path, target)
+
+
+@pytest.mark.parametrize('name', ['mlp_dim', 'draft_vocab_size'])
+def test_t5_only_settings_are_refused_before_decoding(
+  tmp_path, monkeypatch, name
+):
+  """`mlp_dim` and `draft_vocab_size` (a T5 draft's) on a T5Gemma target:
+  a clear error naming the setting, before any training output is
+  decoded."""
+  from spec_decode.train import feature as train_feature  # pylint: disable=g-import-not-at-top
+
+  path = save(hf_model(1, decoder_layers=2), tmp_path / 'target')
+  gemma_tokenizer(path, tmp_path, 0, 100, texts=list(_task_texts()))
+
+  def no_decoding(*args, **kwargs):
+    raise AssertionError('decoded before refusing')
+
+  monkeypatch.setattr(train_feature, '_pairs', no_decoding)
+  settings = train_feature.FeatureTrainSettings(
+    model_dir=str(tmp_path / 'run'),
+    target_path=path,
+    num_layers=1,
+    **{name: 8},
+    **SETTINGS,
+  )
+  with pytest.raises(ValueError, match=f'{name} is for T5 targets'):
+    train_feature.run(settings)
