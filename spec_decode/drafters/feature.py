@@ -227,11 +227,8 @@ class FeatureDraft(on_target.FeatureDrafting):
       draft_vocab: None (the full vocabulary) or token ids
         (`with_draft_vocab`).
     """
+    refuse_t5_only_options(target, mlp_dim=mlp_dim, draft_vocab=draft_vocab)
     if isinstance(target, t5gemma_model.T5GemmaModel):
-      if mlp_dim is not None:
-        raise ValueError('a T5Gemma feature draft has the target MLP width')
-      if draft_vocab is not None:
-        raise ValueError('a T5Gemma feature draft has the full vocabulary')
       return feature_t5gemma.T5GemmaFeatureDraft.init(
         target, num_layers, seed, from_target, cross_layers
       )
@@ -433,6 +430,21 @@ class FeatureDraft(on_target.FeatureDrafting):
       net_config=cfg,
       cross_layers=tuple(info['cross_layers']),
     ).with_draft_vocab(info.get('draft_vocab'))
+
+
+def refuse_t5_only_options(target: Any, **options: Any) -> None:
+  """Raises ValueError naming the first of `options` (e.g. `mlp_dim`,
+  `draft_vocab`, `draft_vocab_size`) that is not None when `target` is a
+  T5Gemma model: its feature draft's layers have the target's shape and it
+  keeps the full vocabulary. Nothing to check for a T5 target."""
+  if not isinstance(target, t5gemma_model.T5GemmaModel):
+    return
+  for name, value in options.items():
+    if value is not None:
+      raise ValueError(
+        f"{name} is for T5 targets: a T5Gemma feature draft has the target's "
+        f'MLP width and full vocabulary; set {name} = None'
+      )
 
 
 def is_feature_draft_dir(path: str) -> bool:

@@ -73,7 +73,6 @@ from spec_decode import paths
 from spec_decode.data import seqio_data
 from spec_decode.data import tasks as tasks_lib
 from spec_decode.drafters import feature as feature_lib
-from spec_decode.drafters import on_target
 from spec_decode.models import t5_model
 from spec_decode.t5.config import PAD_ID
 from spec_decode.train import common
@@ -387,20 +386,6 @@ def draft_vocabulary(
   return np.sort(order[: int(size)]).astype(np.int32)
 
 
-def _check_family_settings(s: FeatureTrainSettings, target) -> None:
-  """Refuses, before any decoding, what a T5Gemma draft does not take (its
-  layers have the target's shape and it keeps the full vocabulary)."""
-  if on_target.family_of(target.config) != 't5gemma':
-    return
-  for name in ('mlp_dim', 'draft_vocab_size'):
-    if getattr(s, name) is not None:
-      raise ValueError(
-        f'{name} is for T5 targets: a T5Gemma feature draft has the '
-        f"target's MLP width and full vocabulary; set {name} = None "
-        f'(in configs/train_demo_feature.gin: {name.upper()} = None)'
-      )
-
-
 def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   """Trains (or resumes training) a feature draft; see the module doc."""
   s = settings
@@ -410,7 +395,10 @@ def run(settings: FeatureTrainSettings) -> FeatureTrainResult:
   target = t5_model.Model.load(target_path, dtype='float32')
   if target.vocabulary is None:
     raise ValueError(f'{target_path}: the target has no vocabulary')
-  _check_family_settings(s, target)
+  # Before any decoding: what a T5Gemma draft does not take.
+  feature_lib.refuse_t5_only_options(
+    target, mlp_dim=s.mlp_dim, draft_vocab_size=s.draft_vocab_size
+  )
   t0 = time.monotonic()
   try:
     train_pairs, eval_pairs = _pairs(s, target, bucket_specs)
